@@ -1,0 +1,4 @@
+"""Build shim: all metadata lives in setup.cfg."""
+from setuptools import setup
+
+setup()
