@@ -1,0 +1,262 @@
+"""``tk.patch`` / ``tk.unpatch`` for optimizers (in place) and data loaders (wrapped).
+
+A patched ``optimizer.step`` is one pipeline, each technique a stage, all meeting here:
+
+    accumulation gate  ->  timing start  ->  core step (eager, or compiled)  ->  timing end
+
+* the gate (``tk.accumulate``) decides whether this call really steps (``gate.should_step()``)
+  and whether ``zero_grad`` is held (``gate.hold_zero_grad()``);
+* the core is the optimizer's own step, or a compiled one (``tk.patch(opt, compile=True)``);
+* the timers record ``update_ms``, ``closure_ms`` and, for the first optimizer that steps in a
+  session, ``step_time_ms`` (wall time between consecutive real steps).
+
+The patch only adds instance attributes (``step``, ``zero_grad``, and the state), which
+``Optimizer.__getstate__`` leaves out: ``state_dict``, pickling and ``copy.deepcopy`` see an
+unpatched optimizer. The new ``step`` is a bound method, as LR schedulers expect (they wrap
+``optimizer.step.__func__``), whether they are created before or after the patch.
+"""
+from __future__ import annotations
+
+import types
+import weakref
+from typing import Any, Callable, Iterator, Optional
+
+from . import session as _session
+from . import timing
+from .recorder import CLOSURE_MS, DATA_WAIT, ITEMS, UPDATE_MS
+from .techniques.transfer import batch_items
+
+_ATTR = "_trainkit_patch"
+_MISSING = object()
+#: Optimizers patched in this process. While there are none, a patched loader's batches are the
+#: session's steps (an evaluation or inference loop has no optimizer to count steps).
+_patched: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+class OptimizerPatch:
+    """The state of one patched optimizer, kept in its ``__dict__`` under ``_trainkit_patch``."""
+
+    def __init__(self, opt: Any) -> None:
+        d = opt.__dict__
+        self.saved_step = d.get("step", _MISSING)  # an instance attribute, e.g. an LR scheduler's
+        self.saved_zero_grad = d.get("zero_grad", _MISSING)
+        self.orig_step: Callable[..., Any] = opt.step
+        self.orig_zero_grad: Callable[..., Any] = opt.zero_grad
+        #: the step that updates the parameters; a compiled step replaces it.
+        self.core: Callable[..., Any] = self.orig_step
+        #: the accumulation gate, set by ``tk.accumulate`` while its block runs.
+        self.gate: Any = None
+        #: the ``set_to_none`` technique's value for ``zero_grad()`` calls without arguments.
+        self.set_to_none: Optional[bool] = None
+        self.compiled = False
+        self._cuda: Optional[bool] = None
+        self._opt = weakref.ref(opt)
+
+    def cuda(self) -> bool:
+        if self._cuda is None:  # decided at the first step: parameters are on their device by then
+            opt = self._opt()
+            params = [p for g in opt.param_groups for p in g["params"]] if opt is not None else []
+            self._cuda = bool(params) and params[0].is_cuda and timing.cuda_in_use()
+        return self._cuda
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        gate = self.gate
+        if gate is not None and not gate.should_step():
+            return None  # inside an accumulation window: gradients keep adding up
+        s = _session._active
+        if s is None:
+            return self.core(*args, **kwargs)
+        closure_ms = [0.0]
+        closure = kwargs.get("closure", args[0] if args else None)
+        if closure is not None:
+            timed = _timed_closure(closure, closure_ms)
+            if "closure" in kwargs:
+                kwargs["closure"] = timed
+            else:
+                args = (timed,) + args[1:]
+        gpu = self.cuda()
+        ev0 = timing.cuda_event() if gpu and closure is None else None
+        t0 = timing.now()
+        out = self.core(*args, **kwargs)
+        t1 = timing.now()
+        if ev0 is not None:
+            end: Any = timing.cuda_event()
+            s.record(UPDATE_MS, timing.PendingInterval(ev0, end))
+        else:
+            end = timing.cuda_event() if gpu else t1
+            s.record(UPDATE_MS, (t1 - t0) * 1e3 - closure_ms[0])
+        if closure is not None:
+            s.record(CLOSURE_MS, closure_ms[0])
+        if s._primary is None:
+            s._primary = self
+        if s._primary is self:  # a second optimizer (a GAN's) adds its update time, not a step
+            s.step_done(end)
+        return out
+
+    def zero_grad(self, *args: Any, **kwargs: Any) -> None:
+        gate = self.gate
+        if gate is not None and gate.hold_zero_grad():
+            return None  # inside an accumulation window: keep the gradients
+        if self.set_to_none is not None and not args and "set_to_none" not in kwargs:
+            kwargs["set_to_none"] = self.set_to_none
+        return self.orig_zero_grad(*args, **kwargs)
+
+
+def _timed_closure(closure: Callable[[], Any], acc: list) -> Callable[[], Any]:
+    def timed() -> Any:
+        t0 = timing.now()
+        try:
+            return closure()
+        finally:
+            acc[0] += (timing.now() - t0) * 1e3
+
+    return timed
+
+
+def _patched_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+    p = self.__dict__.get(_ATTR)
+    if p is None:  # unpatched while an LR scheduler created meanwhile still wraps this function
+        return type(self).step(self, *args, **kwargs)
+    return p.step(*args, **kwargs)
+
+
+def _patched_zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
+    p = self.__dict__.get(_ATTR)
+    if p is None:
+        return type(self).zero_grad(self, *args, **kwargs)
+    return p.zero_grad(*args, **kwargs)
+
+
+def optimizer_patch(opt: Any) -> Optional[OptimizerPatch]:
+    """The patch state of ``opt``, or None when it is not patched."""
+    return opt.__dict__.get(_ATTR) if hasattr(opt, "__dict__") else None
+
+
+def _patch_optimizer(opt: Any, *, compile: bool) -> Any:
+    p = optimizer_patch(opt)
+    if p is None:
+        p = OptimizerPatch(opt)
+        opt.__dict__[_ATTR] = p
+        opt.step = types.MethodType(_patched_step, opt)
+        opt.zero_grad = types.MethodType(_patched_zero_grad, opt)
+        _patched.add(opt)
+    if compile and not p.compiled:
+        from .techniques.compiled_step import compile_core
+
+        p.core = compile_core(opt, p.orig_step)
+        p.compiled = True
+    return opt
+
+
+def _unpatch_optimizer(opt: Any) -> Any:
+    p = opt.__dict__.pop(_ATTR, None)
+    if p is None:
+        return opt
+    for name, saved, ours in (("step", p.saved_step, _patched_step),
+                              ("zero_grad", p.saved_zero_grad, _patched_zero_grad)):
+        current = opt.__dict__.get(name)
+        if getattr(current, "__func__", None) is ours:  # else a scheduler wraps us: we fall through
+            if saved is _MISSING:
+                del opt.__dict__[name]
+            else:
+                opt.__dict__[name] = saved
+    _patched.discard(opt)
+    return opt
+
+
+class PatchedLoader:
+    """An iterable that records data wait and items per batch; everything else is the source's.
+
+    Example::
+
+        loader = tk.patch(DataLoader(ds, batch_size=64))
+        len(loader); loader.dataset   # as on the DataLoader
+    """
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def __iter__(self) -> Iterator[Any]:
+        it = iter(self.source)
+        now = timing.now
+        while True:
+            t0 = now()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            t1 = now()
+            s = _session._active
+            if s is not None:
+                if s._last_step_end is None:  # the first step's time starts with its data
+                    s._last_step_end = timing.cuda_event() if timing.cuda_in_use() else t0
+                s._batch_step = s.step
+                s.record(DATA_WAIT, (t1 - t0) * 1e3)
+                found, n = batch_items(batch)
+                if found:
+                    s.record(ITEMS, float(n))
+                if not _patched:
+                    s.step_done(timing.cuda_event() if timing.cuda_in_use() else t1)
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "source":  # not set yet (unpickling): avoid recursing into __getattr__
+            raise AttributeError(name)
+        return getattr(self.source, name)
+
+    def __repr__(self) -> str:
+        return f"trainkit.patch({self.source!r})"
+
+
+def patch(obj: Any, *, compile: bool = False) -> Any:
+    """Instrument an optimizer (in place) or a data loader (returns a wrapping iterable).
+
+    An optimizer: every real ``step()`` is timed and counted (``trainkit/step_time_ms``,
+    ``trainkit/update_ms``, ``trainkit/closure_ms``); ``compile=True`` runs its step under
+    ``torch.compile`` without recompiles under LR schedulers. Idempotent. A loader (any iterable):
+    ``trainkit/data_wait_ms`` and items per batch, hence ``trainkit/samples_per_s``.
+
+    Example::
+
+        tk.patch(optimizer)
+        loader = tk.patch(loader)
+    """
+    import torch
+
+    if not isinstance(compile, bool):
+        raise TypeError(f"patch(..., compile={compile!r}): compile must be True or False")
+    if isinstance(obj, torch.optim.Optimizer):
+        return _patch_optimizer(obj, compile=compile)
+    if isinstance(obj, PatchedLoader):
+        return obj
+    kind = None
+    if isinstance(obj, (str, bytes, dict, torch.Tensor)):
+        kind = type(obj).__name__
+    elif isinstance(obj, torch.nn.Module):
+        kind = "a model (nn.Module)"
+    elif not hasattr(obj, "__iter__"):
+        kind = type(obj).__name__
+    if kind is not None:
+        raise TypeError(f"patch({obj!r:.80}): expected a torch.optim.Optimizer or an iterable data "
+                        f"loader, got {kind}; e.g. tk.patch(optimizer) and loader = tk.patch(loader)")
+    if compile:
+        raise TypeError("patch(loader, compile=True): compile applies to optimizers only, "
+                        "e.g. tk.patch(optimizer, compile=True)")
+    return PatchedLoader(obj)
+
+
+def unpatch(obj: Any) -> Any:
+    """Undo :func:`patch`: the optimizer is restored in place; a loader's source is returned.
+
+    Example::
+
+        tk.unpatch(optimizer); loader = tk.unpatch(loader)
+    """
+    if isinstance(obj, PatchedLoader):
+        return obj.source
+    if hasattr(obj, "__dict__") and _ATTR in obj.__dict__:
+        return _unpatch_optimizer(obj)
+    return obj

@@ -1,0 +1,98 @@
+"""``tk.profile_region(name)``: time a part of the step, and name it in profiler traces.
+
+A class rather than ``@contextmanager``: a region runs several times per step, and a generator-based
+context manager costs ~1.5 us per use where ``__enter__``/``__exit__`` cost ~0.3 us.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any, Callable, Optional, TypeVar
+
+from .. import session as _session
+from .. import timing
+from ..recorder import REGION
+
+F = TypeVar("F", bound=Callable[..., Any])
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*$")
+_profiler_enabled: Optional[Callable[[], bool]] = None
+
+
+def profiler_enabled() -> bool:
+    """True while a torch.profiler / autograd profiler is recording (a ~0.1 us C call)."""
+    global _profiler_enabled
+    if _profiler_enabled is None:
+        import torch
+
+        _profiler_enabled = torch._C._autograd._profiler_enabled
+    return _profiler_enabled()
+
+
+def check_name(name: Any, what: str = "profile_region") -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"{what}({name!r}): name must be a non-empty str of letters, digits, '_', "
+                         f"'.', '-' (and '/' between parts), e.g. {what}('forward')")
+    return name
+
+
+class profile_region:  # noqa: N801 - used like a function: `with tk.profile_region("forward"):`
+    """Time a block (or every call of a function) as ``trainkit/region/<name>_ms``.
+
+    Host time on the CPU; on a GPU, the device time between two CUDA events, resolved later by the
+    session's writer thread (no synchronize). While a profiler records, the block also appears in
+    the trace as a ``record_function`` range of the same name. Time of a region entered several
+    times in one step (one per micro-batch) adds up.
+
+    Example::
+
+        for x, y in loader:
+            with tk.profile_region("forward"):
+                loss = criterion(model(x), y)
+
+        @tk.profile_region("eval")
+        def evaluate(model): ...
+    """
+
+    __slots__ = ("name", "tag", "_t0", "_ev0", "_rf")
+
+    def __init__(self, name: str) -> None:
+        self.name = check_name(name)
+        self.tag = REGION + name + "_ms"
+        self._rf: Any = None
+        self._ev0: Any = None
+
+    def __enter__(self) -> "profile_region":
+        if profiler_enabled():
+            import torch
+
+            self._rf = torch.profiler.record_function(self.name)
+            self._rf.__enter__()
+        if _session._active is not None and timing.cuda_in_use():
+            self._ev0 = timing.cuda_event()
+        self._t0 = timing.now()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        t1 = timing.now()
+        s = _session._active
+        if s is not None:
+            if self._ev0 is not None:
+                s.record(self.tag, timing.PendingInterval(self._ev0, timing.cuda_event()))
+                self._ev0 = None
+            else:
+                s.record(self.tag, (t1 - self._t0) * 1e3)
+        if self._rf is not None:
+            rf, self._rf = self._rf, None
+            rf.__exit__(*exc)
+
+    def __call__(self, fn: F) -> F:
+        if not callable(fn):
+            raise TypeError(f"profile_region({self.name!r}) decorates a function, got {fn!r}")
+        name = self.name
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with profile_region(name):  # a fresh region per call: recursion and threads are safe
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]

@@ -1,0 +1,31 @@
+"""When torch.profiler records: a small frozen configuration."""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileSchedule:
+    """Profile ``active`` steps after ``wait`` idle and ``warmup`` steps, ``repeat`` times.
+
+    Steps are the patched optimizer's real steps: no ``prof.step()`` in the loop. Each cycle
+    writes one trace (``*.pt.trace.json``) into the session's logdir.
+
+    Example::
+
+        with tk.session(logdir="runs/p", profile=tk.ProfileSchedule(wait=10, warmup=2, active=3)):
+            ...
+    """
+
+    wait: int
+    warmup: int
+    active: int
+    repeat: int = 1
+
+    def __post_init__(self) -> None:
+        for name, minimum in (("wait", 0), ("warmup", 0), ("active", 1), ("repeat", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(
+                    f"ProfileSchedule({name}={value!r}): {name} must be an int >= {minimum}, "
+                    f"e.g. ProfileSchedule(wait=10, warmup=2, active=3, repeat=1)")

@@ -1,0 +1,159 @@
+"""The buffer behind a session, and the writer thread that turns it into TensorBoard events.
+
+The hot path only appends ``(tag, step, value)`` tuples to a ``deque`` (atomic under the GIL, no
+lock). ``value`` is a float or a pending object (:mod:`trainkit.timing`) resolved later. The writer
+thread wakes every ``log_every`` steps or ``flush_secs``, groups records by step, combines the
+values of one tag within a step (sums for times spent, the mean for user values), derives rates
+(throughput, bandwidth) and writes one event per completed step.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+
+from . import timing
+from .sinks.tensorboard import EventFileWriter
+
+PREFIX = "trainkit/"
+STEP_TIME = PREFIX + "step_time_ms"
+DATA_WAIT = PREFIX + "data_wait_ms"
+SAMPLES_PER_S = PREFIX + "samples_per_s"
+H2D_MS = PREFIX + "h2d_ms"
+H2D_GBPS = PREFIX + "h2d_GBps"
+H2D_PINNED_PCT = PREFIX + "h2d_pinned_pct"
+CLOSURE_MS = PREFIX + "closure_ms"
+UPDATE_MS = PREFIX + "update_ms"
+REGION = PREFIX + "region/"
+# Internal tags (never written as such): inputs of derived rates, and a step's end time.
+ITEMS = "_items"
+H2D_BYTES = "_h2d_bytes"
+H2D_PINNED_BYTES = "_h2d_pinned_bytes"
+STEP_END = "_t"
+
+# Time spent and counts add up over a step (several micro-batches, several copies, the several
+# closure calls of LBFGS); anything else a step records more than once is averaged (the losses
+# of the micro-batches of one accumulation window give the window's loss).
+_SUMMED = (DATA_WAIT, H2D_MS, CLOSURE_MS, UPDATE_MS, ITEMS, H2D_BYTES, H2D_PINNED_BYTES,
+           PREFIX + "amp/skipped_steps_in_step")
+_LAST = (STEP_END, PREFIX + "amp/scale", PREFIX + "compile/recompiles", PREFIX + "amp/skipped_steps")
+
+Record = Tuple[str, int, Any]
+
+
+def _combine(tag: str, values: List[float]) -> float:
+    if tag in _SUMMED or tag.startswith(REGION):
+        return sum(values)
+    if tag in _LAST:
+        return values[-1]
+    return sum(values) / len(values)
+
+
+def derive(values: Dict[str, float]) -> Dict[str, float]:
+    """Replace the internal tags of one step by the rates they feed."""
+    out = {k: v for k, v in values.items() if not k.startswith("_")}
+    step_ms = values.get(STEP_TIME)
+    items = values.get(ITEMS)
+    if step_ms and items:
+        out[SAMPLES_PER_S] = items / (step_ms / 1e3)
+    nbytes = values.get(H2D_BYTES)
+    copy_ms = values.get(H2D_MS)
+    if nbytes and copy_ms:
+        out[H2D_GBPS] = nbytes / (copy_ms / 1e3) / 1e9
+    if nbytes:
+        out[H2D_PINNED_PCT] = 100.0 * values.get(H2D_PINNED_BYTES, 0.0) / nbytes
+    return out
+
+
+class Recorder:
+    """Buffer + writer thread + event file of one session (one rank)."""
+
+    def __init__(self, logdir: str, *, log_every: int, flush_secs: float,
+                 sample: Optional[Callable[[], Dict[str, float]]] = None,
+                 sample_secs: float = 1.0) -> None:
+        self.buf: Deque[Record] = collections.deque()
+        self.completed = 0  # steps fully recorded; records of later steps may still arrive
+        self.log_every = log_every
+        self.flush_secs = flush_secs
+        self._sample = sample
+        self._sample_secs = sample_secs
+        self._next_sample = 0.0
+        self._open: Dict[int, Dict[str, List[Any]]] = {}
+        self._lock = threading.RLock()  # re-entrant: a SIGTERM handler may flush mid-flush
+        self._wake = threading.Event()
+        self._stop = False
+        # perf_counter -> wall clock, for each step event's wall_time.
+        self._wall0, self._perf0 = time.time(), timing.now()
+        self.writer = EventFileWriter(logdir)
+        self.failed: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="trainkit-writer", daemon=True)
+        self._thread.start()
+
+    # -- hot path ------------------------------------------------------------------------------
+    def step_done(self) -> None:
+        """Called once per real optimizer step (or per batch when nothing steps)."""
+        self.completed += 1
+        if self.completed % self.log_every == 0:
+            self._wake.set()
+
+    # -- writer thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop:
+            self._wake.wait(min(self.flush_secs, self._sample_secs))
+            self._wake.clear()
+            if self._stop:
+                break
+            try:
+                self.flush(final=False)
+            except BaseException as exc:  # keep the training alive; close() re-raises nothing
+                self.failed = exc
+                return
+
+    def flush(self, *, final: bool) -> None:
+        """Write every completed step (every step, waiting for the GPU, when ``final``)."""
+        with self._lock:
+            buf, opened = self.buf, self._open
+            while buf:
+                tag, step, value = buf.popleft()
+                opened.setdefault(step, {}).setdefault(tag, []).append(value)
+            for step in sorted(opened):
+                if not final and step > self.completed:
+                    break
+                tags = opened[step]
+                if not final and not all(_ready(v) for vs in tags.values() for v in vs):
+                    break  # the GPU has not got there yet; keep steps in order
+                combined = {tag: _combine(tag, [_resolve(v, final) for v in vs])
+                            for tag, vs in tags.items()}
+                end = combined.get(STEP_END)
+                wall = None if end is None else self._wall0 + (end - self._perf0)
+                self.writer.write_scalars(step=step, values=derive(combined), wall_time=wall)
+                del opened[step]
+            if self._sample is not None and (final or timing.now() >= self._next_sample):
+                self._next_sample = timing.now() + self._sample_secs
+                self.writer.write_scalars(step=self.completed, values=self._sample())
+            self.writer.flush()
+
+    def close(self) -> None:
+        """Stop the thread, write everything recorded, close the file. Idempotent."""
+        if self._stop and self.writer._file is None:
+            return
+        self._stop = True
+        self._wake.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(5.0, self.flush_secs * 2))
+        with self._lock:
+            self.flush(final=True)
+            self.writer.close()
+
+
+def _ready(value: Any) -> bool:
+    return True if isinstance(value, (int, float)) else value.ready()
+
+
+def _resolve(value: Any, wait: bool) -> float:
+    if isinstance(value, (int, float)):
+        return value
+    out = value.value(wait=wait)
+    value.release()
+    return out

@@ -1,0 +1,307 @@
+"""The session: the one explicit recorder, and the only global state trainkit keeps.
+
+Every technique records into the active session (``active()``); with none they still work and
+record nothing. A session flushes everything recorded on ``close()``, at the end of its ``with``
+block (also when an exception leaves it, which then propagates unchanged), at interpreter exit
+(which covers an uncaught KeyboardInterrupt), and on SIGTERM, after which the signal is re-raised
+with the previous handler so that the exit status is the one the process would have had.
+"""
+from __future__ import annotations
+
+import atexit
+import datetime
+import math
+import numbers
+import os
+import signal
+import socket
+import threading
+from typing import Any, Callable, Dict, List, Optional, Union
+
+from . import _env, timing
+from .recorder import Recorder
+
+_active: Optional["Session"] = None
+
+
+def active() -> Optional["Session"]:
+    """The active session, or None."""
+    return _active
+
+
+def _default_logdir() -> str:
+    # The layout torch.utils.tensorboard.SummaryWriter uses, so runs sort by time.
+    stamp = datetime.datetime.now().strftime("%b%d_%H-%M-%S")
+    return os.path.join("runs", f"{stamp}_{socket.gethostname()}")
+
+
+def _check_logdir(logdir: Any) -> str:
+    if not isinstance(logdir, (str, os.PathLike)):
+        raise TypeError(f"session(logdir={logdir!r}): logdir must be a path (str or os.PathLike), "
+                        f"e.g. tk.session(logdir='runs/exp1')")
+    path = os.fspath(logdir)
+    if not path:
+        raise ValueError("session(logdir=''): logdir must not be empty, e.g. tk.session(logdir='runs/exp1')")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"session(logdir={path!r}): {path!r} is a file, not a folder; "
+                         f"pass a folder (created if missing), e.g. logdir={path + '_runs'!r}")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"session(logdir={path!r}): cannot create the folder ({exc.strerror}); "
+                         f"pass a folder you can write to, e.g. logdir='runs/exp1'") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"session(logdir={path!r}): the folder is not writable; "
+                         f"pass a folder you can write to, e.g. logdir='runs/exp1'")
+    return path
+
+
+class Session:
+    """Records a run into TensorBoard. Create it with :func:`session`.
+
+    Example::
+
+        with tk.session(logdir="runs/exp1") as s:
+            tk.patch(optimizer)
+            for x, y in tk.patch(loader):
+                loss = criterion(model(x), y)
+                loss.backward(); optimizer.step(); optimizer.zero_grad()
+                s.log("loss", loss)          # resolved later: no sync here
+    """
+
+    def __init__(self, logdir: Optional[Union[str, "os.PathLike[str]"]], *, profile: Any,
+                 log_every: int, flush_secs: float, system_metrics: bool) -> None:
+        if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+            raise ValueError(f"session(log_every={log_every!r}): must be a positive int "
+                             f"(steps between writes), e.g. log_every=50")
+        if (isinstance(flush_secs, bool) or not isinstance(flush_secs, numbers.Real)
+                or not math.isfinite(flush_secs) or flush_secs <= 0):
+            raise ValueError(f"session(flush_secs={flush_secs!r}): must be a positive number of "
+                             f"seconds, e.g. flush_secs=2")
+        if not isinstance(system_metrics, bool):
+            raise TypeError(f"session(system_metrics={system_metrics!r}): must be True or False")
+        self.profile = _check_profile(profile)
+        _check_none_active()
+        root = _check_logdir(_default_logdir() if logdir is None else logdir)
+        rank = _env.rank()
+        #: Where this process writes: ``<logdir>/rank<N>`` under torchrun, else ``logdir``.
+        self.logdir = root if rank is None else _check_logdir(os.path.join(root, f"rank{rank}"))
+        self.root = root
+        self.rank = rank
+        self._pid = os.getpid()
+        sampler = None
+        if system_metrics:
+            from .sinks.system import SystemSampler
+
+            sampler = SystemSampler()
+        self._recorder = Recorder(self.logdir, log_every=log_every, flush_secs=flush_secs,
+                                  sample=sampler)
+        self._buf = self._recorder.buf
+        self.step = 1  # the step in progress; records are filed under it
+        # The step of the batch a patched loader handed out last: a loss logged after
+        # optimizer.step() belongs to the step that batch fed, not to the next one.
+        self._batch_step: Optional[int] = None
+        self._primary: Any = None  # the first patched optimizer to step: it counts the steps
+        self._last_step_end: Any = None  # perf_counter float, or a CUDA event on a GPU
+        self._closed = False
+        self._on_close: List[Callable[[], None]] = []
+        #: technique -> value in force, as read by tk.technique during this session.
+        self.techniques: Dict[str, Any] = {}
+        self._profiler = None
+        if self.profile is not None:
+            from .profiling.trace import start_profiler
+
+            self._profiler = start_profiler(self)
+        _activate(self)
+
+    # -- public ----------------------------------------------------------------------------------
+    def log(self, name: str, value: Any, *, step: Optional[int] = None) -> None:
+        """Record a user scalar under ``name`` (e.g. ``"loss"``) at the current step.
+
+        The value is filed under the step that the batch last handed out by a patched loader
+        feeds (so logging after ``optimizer.step()`` is right), else the step in progress.
+        Tensors are not read here: a CPU tensor is read at once (no device to wait for), a CUDA
+        tensor once the GPU has passed it, by the writer thread. Several values logged within one
+        step (the micro-batches of an accumulation window) are averaged.
+
+        Example::
+
+            s.log("loss", loss)
+        """
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"log(name={name!r}): name must be a non-empty str, e.g. s.log('loss', loss)")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+            raise ValueError(f"log(step={step!r}): step must be a non-negative int or None "
+                             f"(None files it under the current optimizer step)")
+        if step is None:
+            step = self.step if self._batch_step is None else self._batch_step
+        self._buf.append((name, step, _scalar(name, value)))
+
+    def close(self) -> None:
+        """Flush everything recorded and close the event files. Safe to call twice."""
+        global _active
+        if self._closed or os.getpid() != self._pid:  # a forked DataLoader worker writes nothing
+            return
+        self._closed = True
+        if _active is self:
+            _active = None
+        try:
+            if self._profiler is not None:
+                self._profiler.close()
+        finally:
+            try:
+                for undo in reversed(self._on_close):
+                    undo()
+            finally:
+                self._recorder.close()
+                _release_signals()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()  # returns None: an exception propagates unchanged
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"step {self.step}"
+        return f"<trainkit.Session logdir={self.logdir!r} {state}>"
+
+    # -- for techniques (hot path: keep these cheap) -----------------------------------------------
+    def record(self, tag: str, value: Any) -> None:
+        self._buf.append((tag, self.step, value))
+
+    def step_done(self, end: Any) -> None:
+        """A real optimizer step ended at ``end`` (perf_counter, or a CUDA event)."""
+        from .recorder import STEP_END, STEP_TIME
+
+        last = self._last_step_end
+        step = self.step
+        if isinstance(end, float):
+            if last is not None:
+                self._buf.append((STEP_TIME, step, (end - last) * 1e3))
+            self._buf.append((STEP_END, step, end))
+        else:
+            if last is not None and not isinstance(last, float):
+                self._buf.append((STEP_TIME, step, timing.PendingInterval(last, end, release_start=False)))
+            self._buf.append((STEP_END, step, timing.now()))
+        self._last_step_end = end
+        self.step = step + 1
+        self._recorder.step_done()
+        if self._profiler is not None:
+            self._profiler.step()
+
+    def on_close(self, undo: Callable[[], None]) -> None:
+        """Run ``undo`` when the session closes (restores backend flags a technique changed)."""
+        self._on_close.append(undo)
+
+
+def _scalar(name: str, value: Any) -> Any:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"log({name!r}, tensor of shape {tuple(value.shape)}): only scalars can "
+                             f"be logged; reduce it first, e.g. s.log({name!r}, t.mean())")
+        value = value.detach()
+        if value.is_cuda:
+            return timing.PendingTensor(value, timing.cuda_event())
+        return float(value.item())  # on the CPU this is a read, not a device sync
+    raise TypeError(f"log({name!r}, {value!r}): value must be a number or a one-element tensor")
+
+
+def _check_profile(profile: Any) -> Any:
+    if profile is None:
+        return None
+    from .profiling.schedule import ProfileSchedule
+
+    if not isinstance(profile, ProfileSchedule):
+        raise TypeError(f"session(profile={profile!r}): profile must be a tk.ProfileSchedule or None, "
+                        f"e.g. profile=tk.ProfileSchedule(wait=10, warmup=2, active=3)")
+    return profile
+
+
+# -- activation, exit and signals ------------------------------------------------------------------
+_prev_sigterm: Any = None
+_sigterm_installed = False
+_atexit_registered = False
+
+
+def _check_none_active() -> None:
+    if _active is not None and not _active.closed:
+        raise RuntimeError(f"a trainkit session is already active ({_active!r}); close it first "
+                           f"(leave its `with` block or call s.close()) — one session at a time")
+
+
+def _activate(s: Session) -> None:
+    global _active, _atexit_registered
+    _active = s
+    if not _atexit_registered:
+        atexit.register(_close_active)
+        _atexit_registered = True
+    _install_signals()
+
+
+def _close_active() -> None:
+    s = _active
+    if s is not None:
+        s.close()
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    prev = _prev_sigterm
+    _close_active()
+    _release_signals()
+    if callable(prev):
+        prev(signum, frame)
+    elif prev != signal.SIG_IGN:
+        # Default action: die by the signal, so the parent sees the same status as without us.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _install_signals() -> None:
+    global _prev_sigterm, _sigterm_installed
+    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be set from the main thread
+    _prev_sigterm = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _sigterm_installed = True
+
+
+def _release_signals() -> None:
+    global _sigterm_installed
+    if not _sigterm_installed or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        signal.signal(signal.SIGTERM, _prev_sigterm if _prev_sigterm is not None else signal.SIG_DFL)
+    _sigterm_installed = False
+
+
+def session(logdir: Optional[Union[str, "os.PathLike[str]"]] = None, *, profile: Any = None,
+            log_every: int = 50, flush_secs: float = 2.0, system_metrics: bool = True) -> Session:
+    """Start recording into ``logdir`` (TensorBoard layout; created if missing).
+
+    Args:
+        logdir: the run's folder; ``None`` gives ``runs/<date>_<host>``. Under torchrun each rank
+            writes ``<logdir>/rank<N>``.
+        profile: a :class:`trainkit.ProfileSchedule` to record torch.profiler traces, or None.
+        log_every: wake the writer every this many steps (it also wakes every ``flush_secs``).
+        flush_secs: at most this many seconds of records are lost if the process is SIGKILLed.
+        system_metrics: sample CPU load, RSS and peak memory (off the hot path).
+
+    Example::
+
+        with tk.session(logdir="runs/exp1") as s:
+            tk.patch(optimizer)
+            ...
+    """
+    return Session(logdir, profile=profile, log_every=log_every, flush_secs=flush_secs,
+                   system_metrics=system_metrics)

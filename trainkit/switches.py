@@ -1,0 +1,90 @@
+"""``tk.technique(name, default)``: the value in force for a technique.
+
+The ablation switches techniques without an ``if`` in the user's loop: each technique asks for its
+value here, and gets the ablation's override when one is set (in-process through
+:func:`overrides`, or in a child of ``trainkit ablate`` through the ``TRAINKIT_TECHNIQUES``
+environment variable, JSON), else the default it passed.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from typing import Any, Dict, Iterator, Mapping, Optional
+
+from . import _env
+from . import session as _session
+
+BUILTIN = ("amp", "compile", "fused", "pin_memory", "num_workers", "set_to_none",
+           "channels_last", "tf32", "cudnn_benchmark")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+
+_in_process: Optional[Dict[str, Any]] = None  # set by the in-process ablation only
+_from_env: Optional[Dict[str, Any]] = None
+_env_raw: Optional[str] = None
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise TypeError(f"technique({name!r}, ...): name must be a str identifier, one of the "
+                        f"built-in {', '.join(BUILTIN)} or your own, e.g. tk.technique('my_hook', True)")
+    return name
+
+
+def _env_overrides() -> Dict[str, Any]:
+    global _from_env, _env_raw
+    raw = _env.get(_env.TECHNIQUES)
+    if raw != _env_raw:  # parse once per distinct value
+        parsed: Any = {} if raw is None else None
+        if raw is not None:
+            try:
+                parsed = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{_env.TECHNIQUES}={raw!r} is not valid JSON ({exc.msg}); it should "
+                                 f"be an object such as '{{\"amp\": false}}'") from None
+            if not isinstance(parsed, dict):
+                raise ValueError(f"{_env.TECHNIQUES}={raw!r} must be a JSON object such as "
+                                 f"'{{\"amp\": false}}'")
+        _from_env, _env_raw = parsed, raw
+    return _from_env or {}
+
+
+def technique(name: str, default: Any) -> Any:
+    """The value in force for technique ``name``: the ablation's override, else ``default``.
+
+    Example::
+
+        use_amp = tk.technique("amp", True)
+        loader = DataLoader(ds, num_workers=tk.technique("num_workers", 4))
+    """
+    _check_name(name)
+    value = default
+    source = _in_process if _in_process is not None else _env_overrides()
+    if name in source:
+        value = source[name]
+    s = _session._active
+    if s is not None:
+        s.techniques[name] = value
+    return value
+
+
+@contextlib.contextmanager
+def overrides(values: Mapping[str, Any]) -> Iterator[None]:
+    """Force technique values within the block (the in-process ablation uses this).
+
+    Example::
+
+        with overrides({"amp": False}):
+            train()
+    """
+    global _in_process
+    if not isinstance(values, Mapping):
+        raise TypeError(f"overrides({values!r}): pass a mapping such as {{'amp': False}}")
+    for key in values:
+        _check_name(key)
+    prev = _in_process
+    _in_process = dict(values)
+    try:
+        yield
+    finally:
+        _in_process = prev

@@ -1,0 +1,114 @@
+"""``tk.to_device``: move a batch to the device, asynchronously where that is safe, and time it.
+
+``non_blocking=True`` only overlaps the copy with compute when the source is in pinned (page-locked)
+memory; from pageable memory the driver stages it through a pinned buffer anyway. So the default
+copies non-blocking exactly when the source is pinned, and records how many bytes were pageable:
+that share is what ``tk.analyze`` reports as "pageable host-to-device copies".
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+from .. import session as _session
+from .. import timing
+from ..recorder import H2D_BYTES, H2D_MS, H2D_PINNED_BYTES
+
+
+def _device(device: Any) -> Any:
+    import torch
+
+    if isinstance(device, torch.device):
+        return device
+    if isinstance(device, bool) or not isinstance(device, (str, int)):
+        raise TypeError(f"to_device(..., device={device!r}): device must be a torch.device, a str "
+                        f"such as 'cuda' or 'cuda:0', or a CUDA index such as 0")
+    try:
+        return torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"to_device(..., device={device!r}): not a device torch knows; use e.g. "
+                         f"'cuda', 'cuda:0', 'cpu' or 'mps'") from None
+
+
+def _move(obj: Any, device: Any, non_blocking: Optional[bool], acc: list) -> Any:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        if obj.device == device:
+            return obj
+        pinned = obj.device.type == "cpu" and obj.is_pinned()
+        nb = pinned if non_blocking is None else non_blocking
+        nbytes = obj.numel() * obj.element_size()
+        acc[0] += nbytes
+        if pinned:
+            acc[1] += nbytes
+        return obj.to(device, non_blocking=nb)
+    if isinstance(obj, tuple):
+        moved = [_move(v, device, non_blocking, acc) for v in obj]
+        return type(obj)(*moved) if hasattr(obj, "_fields") else type(obj)(moved)
+    if isinstance(obj, list):
+        return [_move(v, device, non_blocking, acc) for v in obj]
+    if isinstance(obj, dict):
+        out = {k: _move(v, device, non_blocking, acc) for k, v in obj.items()}
+        try:
+            return type(obj)(out)
+        except TypeError:  # a dict subclass whose constructor takes other arguments
+            return out
+    return obj  # ints, strings, None...: left as they are
+
+
+def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> Any:
+    """Move every tensor in ``obj`` (nested tuples, namedtuples, lists, dicts) to ``device``.
+
+    Records the bytes moved, the copy time (``trainkit/h2d_ms``; CUDA events on a GPU, since an
+    asynchronous copy returns at once), the bandwidth (``trainkit/h2d_GBps``) and the pinned share.
+
+    Args:
+        obj: a tensor or a nested structure of them; other leaves are returned unchanged.
+        device: target device, e.g. ``"cuda"``.
+        non_blocking: None (default) copies asynchronously exactly when the source is pinned.
+
+    Example::
+
+        for x, y in loader:
+            x, y = tk.to_device((x, y), "cuda")
+    """
+    dev = _device(device)
+    if non_blocking is not None and not isinstance(non_blocking, bool):
+        raise TypeError(f"to_device(non_blocking={non_blocking!r}): must be True, False or None "
+                        f"(None: asynchronous exactly when the source is pinned)")
+    s = _session._active
+    if s is None:
+        return _move(obj, dev, non_blocking, [0, 0])
+    gpu = timing.cuda_in_use() and dev.type == "cuda"
+    ev0 = timing.cuda_event() if gpu else None
+    t0 = timing.now()
+    acc = [0, 0]
+    out = _move(obj, dev, non_blocking, acc)
+    if acc[0]:
+        elapsed: Any = (timing.PendingInterval(ev0, timing.cuda_event()) if gpu
+                        else (timing.now() - t0) * 1e3)
+        s.record(H2D_MS, elapsed)
+        s.record(H2D_BYTES, float(acc[0]))
+        s.record(H2D_PINNED_BYTES, float(acc[1]))
+    elif ev0 is not None:
+        timing._pool.append(ev0)
+    return out
+
+
+def batch_items(batch: Any) -> Tuple[bool, int]:
+    """``(found, n)``: the first dimension of the first tensor in a batch (items per batch)."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return True, (int(batch.shape[0]) if batch.dim() > 0 else 1)
+    if isinstance(batch, (tuple, list)):
+        for v in batch:
+            found, n = batch_items(v)
+            if found:
+                return True, n
+    elif isinstance(batch, dict):
+        for v in batch.values():
+            found, n = batch_items(v)
+            if found:
+                return True, n
+    return False, 0

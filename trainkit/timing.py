@@ -1,0 +1,99 @@
+"""Host and CUDA-event timers whose results are resolved lazily, off the hot path.
+
+On a GPU, work is queued asynchronously: the host clock says when work was *launched*, not when it
+ran. A :class:`PendingInterval` holds two CUDA events recorded on the current stream; the session's
+writer thread asks ``ready()`` (``cudaEventQuery``, never a synchronize) and reads the elapsed time
+only once the GPU has passed the second event. Nothing here ever synchronizes the device in the
+training step.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, List, Optional
+
+#: The host clock. Injectable (``timing.now = fake``) so that tests can be deterministic.
+now: Callable[[], float] = time.perf_counter
+
+_pool: List[Any] = []  # finished CUDA events, reused: creating one costs more than recording one
+
+
+def _event() -> Any:
+    if _pool:
+        return _pool.pop()
+    import torch
+
+    return torch.cuda.Event(enable_timing=True)
+
+
+def cuda_event() -> Any:
+    """Record a timing CUDA event on the current stream and return it."""
+    ev = _event()
+    ev.record()
+    return ev
+
+
+def cuda_in_use() -> bool:
+    """True when this process has initialised CUDA (never initialises it itself)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:  # a torch build without CUDA support
+        return False
+
+
+class PendingInterval:
+    """Elapsed GPU time between two CUDA events, read once the second one has completed.
+
+    Example::
+
+        start = timing.cuda_event(); y = model(x); iv = timing.PendingInterval(start, timing.cuda_event())
+        ...  # later, in another thread
+        if iv.ready(): print(iv.value())
+    """
+
+    __slots__ = ("start", "end", "release_start")
+
+    def __init__(self, start: Any, end: Any, *, release_start: bool = True) -> None:
+        self.start = start
+        self.end = end
+        # A step-time interval shares its start event with the previous interval's end, so only
+        # one of the two may hand that event back to the pool.
+        self.release_start = release_start
+
+    def ready(self) -> bool:
+        return bool(self.end.query())
+
+    def value(self, *, wait: bool = False) -> float:
+        """Milliseconds between the events; ``wait=True`` (only at close) may synchronize."""
+        if wait:
+            self.end.synchronize()
+        ms = float(self.start.elapsed_time(self.end))
+        return ms
+
+    def release(self) -> None:
+        if self.release_start:
+            _pool.append(self.start)
+
+
+class PendingTensor:
+    """A scalar tensor logged on a GPU; read with ``.item()`` once its event has completed."""
+
+    __slots__ = ("tensor", "event")
+
+    def __init__(self, tensor: Any, event: Optional[Any]) -> None:
+        self.tensor = tensor
+        self.event = event
+
+    def ready(self) -> bool:
+        return self.event is None or bool(self.event.query())
+
+    def value(self, *, wait: bool = False) -> float:
+        return float(self.tensor.item())
+
+    def release(self) -> None:
+        if self.event is not None:
+            _pool.append(self.event)
