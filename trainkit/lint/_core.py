@@ -1,0 +1,477 @@
+"""Shared machinery of ``trainkit lint``: findings, the rule registry, the AST model.
+
+Everything here is static: the user's code is parsed with :mod:`ast` and never
+imported or run, so the linter works on a machine without torch or a GPU.
+
+A *training loop* is a ``for``/``while`` loop whose own body calls ``.backward(``
+or an optimizer/scaler ``.step(``. "Own body" means the statements of the loop
+including nested blocks and nested non-training loops, but not nested
+function, lambda or class bodies (a ``def closure():`` is only *called* by
+``optimizer.step(closure)``, so it is not analysed as part of the loop) and not
+a nested loop that is itself a training loop (that one is analysed on its own,
+so an epoch loop around a batch loop reports each mistake once, at the batch
+loop).
+"""
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Callable, Dict, FrozenSet, Iterable, Iterator, List, Literal, Optional, Tuple, Union
+
+Severity = Literal["error", "warning", "advice"]
+LoopNode = Union[ast.For, ast.AsyncFor, ast.While]
+
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+# Bodies that run at another time than the loop iteration that contains them.
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One mistake found in one place.
+
+    Attributes:
+        path: The file, as it was given or found under a given folder.
+        line: 1-based line of the offending expression.
+        col: 1-based column (editors count from 1, :mod:`ast` from 0).
+        code: Rule code such as ``"TK101"``.
+        severity: ``"error"`` (wrong results), ``"warning"`` (slow) or ``"advice"``.
+        message: What was found, naming the code it saw.
+        fix: How to fix it, pointing at trainkit's helper where there is one.
+
+    Example::
+
+        >>> f = Finding("t.py", 3, 5, "TK301", "warning", "gc.collect() every step", "remove it")
+        >>> f.format()
+        't.py:3: TK301 [warning] gc.collect() every step; fix: remove it'
+    """
+
+    path: str
+    line: int
+    col: int
+    code: str
+    severity: Severity
+    message: str
+    fix: str
+
+    def format(self) -> str:
+        """Render as the ``PATH:LINE: CODE [severity] message; fix: ...`` text line."""
+        return f"{self.path}:{self.line}: {self.code} [{self.severity}] {self.message}; fix: {self.fix}"
+
+    def to_dict(self) -> Dict[str, object]:
+        """Return the JSON-ready mapping used by ``--format json``."""
+        return {
+            "path": self.path,
+            "line": self.line,
+            "col": self.col,
+            "code": self.code,
+            "severity": self.severity,
+            "message": self.message,
+            "fix": self.fix,
+        }
+
+
+@dataclass(frozen=True)
+class Hit:
+    """What a rule check yields: the node to point at, the message and the fix."""
+
+    node: ast.AST
+    message: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A registered lint rule.
+
+    Example::
+
+        >>> from trainkit.lint import RULES
+        >>> RULES["TK101"].severity
+        'error'
+    """
+
+    code: str
+    name: str
+    severity: Severity
+    summary: str
+    check: Callable[["FileContext"], Iterable[Hit]]
+
+
+RULES: Dict[str, Rule] = {}
+
+
+def rule(
+    code: str, *, name: str, severity: Severity, summary: str
+) -> Callable[[Callable[["FileContext"], Iterable[Hit]]], Callable[["FileContext"], Iterable[Hit]]]:
+    """Register a check function under ``code``.
+
+    Example::
+
+        @rule("TK999", name="demo", severity="advice", summary="demo rule")
+        def _check(ctx: FileContext) -> Iterator[Hit]:
+            yield from ()
+    """
+
+    def register(check: Callable[[FileContext], Iterable[Hit]]) -> Callable[[FileContext], Iterable[Hit]]:
+        if code in RULES:
+            raise ValueError(f"rule code {code!r} is registered twice; pick a new code")
+        RULES[code] = Rule(code=code, name=name, severity=severity, summary=summary, check=check)
+        return check
+
+    return register
+
+
+class LintError(Exception):
+    """A file that could not be linted: missing, unreadable, or not valid Python.
+
+    Attributes:
+        path: The file or path given.
+        line: 1-based line of a syntax error, or 0 when there is no line.
+        reason: What went wrong.
+    """
+
+    def __init__(self, path: str, line: int, reason: str) -> None:
+        super().__init__(f"{path}:{line}: {reason}" if line else f"{path}: {reason}")
+        self.path = path
+        self.line = line
+        self.reason = reason
+
+
+# --------------------------------------------------------------------------- names
+
+
+def dotted(node: ast.AST) -> Optional[str]:
+    """Return ``"a.b.c"`` for a Name/Attribute chain, else ``None``."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted(node.value)
+        return f"{base}.{node.attr}" if base is not None else None
+    return None
+
+
+def method_name(call: ast.Call) -> Optional[str]:
+    """Return ``"step"`` for ``x.step(...)``; ``None`` for a plain function call."""
+    return call.func.attr if isinstance(call.func, ast.Attribute) else None
+
+
+def receiver(call: ast.Call) -> Optional[str]:
+    """Return the dotted receiver of a method call: ``"self.opt"`` for ``self.opt.step()``."""
+    return dotted(call.func.value) if isinstance(call.func, ast.Attribute) else None
+
+
+def has_modulo(test: ast.AST) -> bool:
+    """Whether an ``if`` test computes ``a % b`` (string formatting ``"%s" % x`` excluded)."""
+    return find_modulo(test) is not None
+
+
+def find_modulo(test: ast.AST) -> Optional[ast.BinOp]:
+    """Return the first ``a % b`` in ``test`` whose left side is not a string literal."""
+    for node in ast.walk(test):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+            if not (isinstance(node.left, ast.Constant) and isinstance(node.left.value, str)):
+                return node
+    return None
+
+
+def names_in(node: ast.AST) -> Iterator[str]:
+    """Yield every identifier and attribute name mentioned in ``node``."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            yield sub.id
+        elif isinstance(sub, ast.Attribute):
+            yield sub.attr
+
+
+def pos(node: ast.AST) -> Tuple[int, int]:
+    """Source position used to order statements inside one loop iteration."""
+    return (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
+
+
+_OPTIMIZER_RE = re.compile(r"optim|(^|_)opt(_|$|\d)", re.IGNORECASE)
+_SCHEDULER_RE = re.compile(r"sched", re.IGNORECASE)
+_OPTIMIZER_CLASSES = re.compile(r"^torch\.optim\.(?!lr_scheduler)|Optimizer$|^(Adam|AdamW|SGD|RMSprop|Adagrad|LBFGS)$")
+
+
+# --------------------------------------------------------------------------- file model
+
+
+class FileContext:
+    """A parsed file plus the facts several rules share (imports, loops, names).
+
+    Example::
+
+        ctx = FileContext("t.py", source, ast.parse(source))
+        [loop.node.lineno for loop in ctx.training_loops]
+    """
+
+    def __init__(self, path: str, source: str, tree: ast.Module) -> None:
+        self.path = path
+        self.source = source
+        self.tree = tree
+        self.parents: Dict[ast.AST, ast.AST] = {}
+        for parent in ast.walk(tree):
+            for child in ast.iter_child_nodes(parent):
+                self.parents[child] = parent
+        self._training: Dict[ast.AST, bool] = {}
+
+    # -- imports ------------------------------------------------------------
+
+    @cached_property
+    def aliases(self) -> Dict[str, str]:
+        """Local name -> fully qualified name, from the file's imports."""
+        out: Dict[str, str] = {}
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname:
+                        out[alias.asname] = alias.name
+                    else:
+                        top = alias.name.split(".")[0]
+                        out[top] = top
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    out[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        return out
+
+    def qualname(self, node: ast.AST) -> Optional[str]:
+        """Resolve ``amp.autocast`` to ``torch.cuda.amp.autocast`` through the imports."""
+        name = dotted(node)
+        if name is None:
+            return None
+        head, _, rest = name.partition(".")
+        full = self.aliases.get(head, head)
+        return f"{full}.{rest}" if rest else full
+
+    def references(self) -> Iterator[Tuple[ast.AST, str]]:
+        """Yield every maximal Name/Attribute chain and its qualified name.
+
+        Maximal means ``torch.cuda.amp.autocast`` is yielded once, not also as
+        ``torch.cuda.amp`` and ``torch.cuda``.
+        """
+        for node in ast.walk(self.tree):
+            if isinstance(node, (ast.Name, ast.Attribute)) and not isinstance(self.parents.get(node), ast.Attribute):
+                if isinstance(getattr(node, "ctx", None), ast.Load):
+                    qual = self.qualname(node)
+                    if qual is not None:
+                        yield node, qual
+
+    # -- names of things ----------------------------------------------------
+
+    @cached_property
+    def scaler_names(self) -> FrozenSet[str]:
+        """Names that hold a GradScaler: built from ``GradScaler(...)``, called ``.scale(``, or named so."""
+        found = set()
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                qual = self.qualname(node.value.func) or ""
+                if qual.endswith("GradScaler"):
+                    found.update(n for n in map(dotted, node.targets) if n)
+            elif isinstance(node, ast.Call) and method_name(node) == "scale":
+                name = receiver(node)
+                if name:
+                    found.add(name)
+            elif isinstance(node, (ast.Name, ast.Attribute)):
+                name = dotted(node)
+                if name and "scaler" in name.split(".")[-1].lower():
+                    found.add(name)
+        return frozenset(found)
+
+    @cached_property
+    def optimizer_names(self) -> FrozenSet[str]:
+        """Names assigned from an optimizer constructor (``torch.optim.AdamW(...)``)."""
+        found = set()
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                qual = self.qualname(node.value.func) or ""
+                if _OPTIMIZER_CLASSES.search(qual):
+                    found.update(n for n in map(dotted, node.targets) if n)
+        return frozenset(found)
+
+    def is_optimizer(self, name: Optional[str]) -> bool:
+        """Whether a dotted name looks like an optimizer (and not an LR scheduler)."""
+        if not name or _SCHEDULER_RE.search(name):
+            return False
+        return name in self.optimizer_names or bool(_OPTIMIZER_RE.search(name.split(".")[-1]))
+
+    def is_scaler(self, name: Optional[str]) -> bool:
+        """Whether a dotted name holds a ``GradScaler``."""
+        return bool(name) and name in self.scaler_names
+
+    def is_step(self, call: ast.Call) -> bool:
+        """``optimizer.step()``, ``scaler.step(opt)`` or ``amp.step(opt)``; not ``scheduler.step()``."""
+        if method_name(call) != "step":
+            return False
+        name = receiver(call)
+        if name and _SCHEDULER_RE.search(name):
+            return False
+        if self.is_optimizer(name) or self.is_scaler(name):
+            return True
+        # trainkit's ``amp.step(optimizer)`` and similar wrappers take the optimizer.
+        return any(self.is_optimizer(dotted(arg)) for arg in call.args)
+
+    @staticmethod
+    def is_backward(call: ast.Call) -> bool:
+        """``loss.backward()``, ``amp.backward(loss)``, ``torch.autograd.backward(loss)``."""
+        return method_name(call) == "backward"
+
+    @cached_property
+    def mentions_cuda(self) -> bool:
+        """Whether the file targets CUDA: ``.cuda()``, ``torch.cuda``, ``"cuda"`` or ``"cuda:0"``."""
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Attribute) and node.attr == "cuda":
+                return True
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "cuda" in node.value.lower():
+                return True
+        return False
+
+    # -- loops --------------------------------------------------------------
+
+    def _region(self, loop: LoopNode) -> List[ast.AST]:
+        out: List[ast.AST] = []
+        stack: List[ast.AST] = list(loop.body)
+        while stack:
+            node = stack.pop()
+            if isinstance(node, _SCOPES):
+                continue
+            if isinstance(node, _LOOPS) and self.is_training_loop(node):
+                continue
+            out.append(node)
+            stack.extend(ast.iter_child_nodes(node))
+        out.sort(key=pos)
+        return out
+
+    def is_training_loop(self, loop: LoopNode) -> bool:
+        """Whether ``loop``'s own body calls ``.backward(`` or an optimizer step."""
+        if loop not in self._training:
+            self._training[loop] = False  # guards against cycles; loops nest as a tree
+            region = self._region(loop)
+            self._training[loop] = any(
+                isinstance(n, ast.Call) and (self.is_backward(n) or self.is_step(n)) for n in region
+            )
+        return self._training[loop]
+
+    @cached_property
+    def training_loops(self) -> List["TrainingLoop"]:
+        """Every training loop of the file, in source order."""
+        loops = [n for n in ast.walk(self.tree) if isinstance(n, _LOOPS)]
+        loops.sort(key=pos)
+        return [TrainingLoop(self, loop, self._region(loop)) for loop in loops if self.is_training_loop(loop)]
+
+    def ancestors(self, node: ast.AST, *, stop: Optional[ast.AST] = None) -> Iterator[ast.AST]:
+        """Yield the parents of ``node`` up to (not including) ``stop`` or the module."""
+        current = self.parents.get(node)
+        while current is not None and current is not stop:
+            yield current
+            current = self.parents.get(current)
+
+    def inside_with(self, node: ast.AST, suffixes: Tuple[str, ...], *, stop: Optional[ast.AST] = None) -> bool:
+        """Whether ``node`` runs under ``with X(...)`` where X's name ends with one of ``suffixes``."""
+        for parent in self.ancestors(node, stop=stop):
+            if isinstance(parent, (ast.With, ast.AsyncWith)):
+                for item in parent.items:
+                    expr = item.context_expr
+                    target = expr.func if isinstance(expr, ast.Call) else expr
+                    name = dotted(target) or ""
+                    if name.split(".")[-1].endswith(suffixes):
+                        return True
+        return False
+
+
+@dataclass(frozen=True)
+class TrainingLoop:
+    """A training loop and the nodes of its own iteration, in source order."""
+
+    ctx: FileContext
+    node: LoopNode
+    region: List[ast.AST]
+
+    @property
+    def calls(self) -> List[ast.Call]:
+        """Calls made by one iteration, in source order."""
+        return [n for n in self.region if isinstance(n, ast.Call)]
+
+    @property
+    def backward_calls(self) -> List[ast.Call]:
+        """The ``.backward(`` calls of the iteration."""
+        return [c for c in self.calls if self.ctx.is_backward(c)]
+
+    @property
+    def step_calls(self) -> List[ast.Call]:
+        """The optimizer / scaler ``.step(`` calls of the iteration."""
+        return [c for c in self.calls if self.ctx.is_step(c)]
+
+    def guards(self, node: ast.AST) -> List[ast.AST]:
+        """The ``if``/``except``/``with`` blocks between ``node`` and the loop, innermost first.
+
+        For an ``if`` the node is returned only when ``node`` sits in its body
+        or else branch (not in its test).
+        """
+        out: List[ast.AST] = []
+        child = node
+        for parent in self.ctx.ancestors(node, stop=self.node):
+            if isinstance(parent, ast.If) and child is not parent.test:
+                out.append(parent)
+            elif isinstance(parent, (ast.ExceptHandler, ast.With, ast.AsyncWith, ast.IfExp)):
+                out.append(parent)
+            child = parent
+        return out
+
+    def is_conditional(self, node: ast.AST) -> bool:
+        """Whether ``node`` is skipped on some iterations (under an ``if`` or ``except``)."""
+        return any(isinstance(g, (ast.If, ast.ExceptHandler, ast.IfExp)) for g in self.guards(node))
+
+    def modulo_guard(self, node: ast.AST) -> Optional[ast.If]:
+        """The innermost enclosing ``if`` whose test uses ``%``, if any."""
+        for guard in self.guards(node):
+            if isinstance(guard, ast.If) and has_modulo(guard.test):
+                return guard
+        return None
+
+
+# --------------------------------------------------------------------------- suppressions
+
+_IGNORE_RE = re.compile(r"#\s*trainkit:\s*ignore\b(?:\[(?P<codes>[^\]]*)\])?", re.IGNORECASE)
+
+
+def parse_suppressions(source: str) -> Dict[int, Optional[FrozenSet[str]]]:
+    """Map line -> codes silenced by a ``# trainkit: ignore[...]`` comment (``None``: all).
+
+    Comments are found with :mod:`tokenize`, so a ``#`` inside a string is not one.
+
+    Example::
+
+        >>> parse_suppressions("x = 1  # trainkit: ignore[TK101, TK3]\\n")
+        {1: frozenset({'TK101', 'TK3'})}
+    """
+    out: Dict[int, Optional[FrozenSet[str]]] = {}
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type != tokenize.COMMENT:
+                continue
+            match = _IGNORE_RE.search(tok.string)
+            if not match:
+                continue
+            line = tok.start[0]
+            codes = match.group("codes")
+            if codes is None or not codes.strip():
+                out[line] = None
+            elif out.get(line, frozenset()) is not None:
+                parsed = frozenset(c.strip().upper() for c in codes.split(",") if c.strip())
+                out[line] = out.get(line, frozenset()) | parsed  # type: ignore[operator]
+    except (tokenize.TokenError, SyntaxError):
+        pass  # the AST parsed, so a tokenizer hiccup only costs the suppressions after it
+    return out
+
+
+def is_suppressed(code: str, line: int, suppressions: Dict[int, Optional[FrozenSet[str]]]) -> bool:
+    """Whether ``code`` is silenced on ``line`` (a listed prefix such as ``TK1`` counts)."""
+    if line not in suppressions:
+        return False
+    codes = suppressions[line]
+    return codes is None or any(code.startswith(c) for c in codes)
