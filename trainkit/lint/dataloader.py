@@ -41,7 +41,7 @@ def check_num_workers(ctx: FileContext) -> Iterator[Hit]:
         if not _has(call, "num_workers", _NUM_WORKERS_POS):
             yield Hit(
                 call,
-                "`DataLoader(...)` without `num_workers`: loading and collating run in the training "
+                f"`{ast.unparse(call.func)}(...)` without `num_workers`: loading and collating run in the training "
                 "process, between GPU steps",
                 "pass `num_workers=4` (about the CPU cores per GPU) and `persistent_workers=True`",
             )
@@ -59,7 +59,7 @@ def check_pin_memory(ctx: FileContext) -> Iterator[Hit]:
         if not _has(call, "pin_memory", _PIN_MEMORY_POS):
             yield Hit(
                 call,
-                "`DataLoader(...)` without `pin_memory`: batches come from pageable memory, so "
+                f"`{ast.unparse(call.func)}(...)` without `pin_memory`: batches come from pageable memory, so "
                 "`.to(device, non_blocking=True)` still blocks",
                 "pass `pin_memory=True` and copy with `.to(device, non_blocking=True)`",
             )

@@ -24,11 +24,13 @@ _TENSORISH_RE = re.compile(
 
 def _exempt(ctx: FileContext, loop: TrainingLoop, node: ast.AST) -> bool:
     """Under a logging ``if``, in a validation branch, or under ``torch.no_grad()``."""
-    for guard in loop.guards(node):
-        if isinstance(guard, ast.If) and (
-            has_modulo(guard.test) or any(_LOGGING_RE.search(n) for n in names_in(guard.test))
-        ):
-            return True
+    child = node
+    for parent in ctx.ancestors(node, stop=loop.node):
+        # Only the body is the logging branch; the else branch runs on the plain steps.
+        if isinstance(parent, ast.If) and any(child is s for s in parent.body):
+            if has_modulo(parent.test) or any(_LOGGING_RE.search(n) for n in names_in(parent.test)):
+                return True
+        child = parent
     return ctx.inside_with(node, _NO_GRAD, stop=loop.node)
 
 
