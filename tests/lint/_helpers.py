@@ -17,7 +17,7 @@ _EXPECT_RE = re.compile(r"#\s*expect:\s*([A-Z0-9, ]+)")
 def expected(path: Path) -> Set[Tuple[str, int]]:
     """The ``(code, line)`` pairs a bad fixture declares with ``# expect: TK101,TK102``."""
     out = set()
-    for number, text in enumerate(path.read_text().splitlines(), start=1):
+    for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         match = _EXPECT_RE.search(text)
         if match:
             out.update((code.strip(), number) for code in match.group(1).split(",") if code.strip())
