@@ -14,7 +14,7 @@ from __future__ import annotations
 # Importing the rule modules registers their rules in RULES.
 from trainkit.lint import accumulation, amp, dataloader, deprecated, memory, sync  # noqa: F401
 from trainkit.lint._api import iter_python_files, lint_file, lint_paths, lint_source, parse_codes
-from trainkit.lint._core import RULES, Finding, LintError, Rule, Severity
+from trainkit.lint._registry import RULES, Finding, LintError, Rule, Severity
 
 __all__ = [
     "RULES",

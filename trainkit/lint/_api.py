@@ -6,7 +6,9 @@ import os
 import tokenize
 from typing import Collection, FrozenSet, Iterator, List, Optional, Union
 
-from trainkit.lint._core import RULES, FileContext, Finding, LintError, is_suppressed, parse_suppressions
+from trainkit.lint._core import FileContext
+from trainkit.lint._registry import RULES, Finding, LintError
+from trainkit.lint._suppress import is_suppressed, parse_suppressions
 
 Codes = Union[str, Collection[str], None]
 

@@ -1,4 +1,4 @@
-"""Shared machinery of ``trainkit lint``: findings, the rule registry, the AST model.
+"""The AST model shared by the rules: names, imports, training loops.
 
 Everything here is static: the user's code is parsed with :mod:`ast` and never
 imported or run, so the linter works on a machine without torch or a GPU.
@@ -15,131 +15,16 @@ loop).
 from __future__ import annotations
 
 import ast
-import io
 import re
-import tokenize
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Dict, FrozenSet, Iterable, Iterator, List, Literal, Optional, Tuple, Union
+from typing import Dict, FrozenSet, Iterator, List, Optional, Tuple, Union
 
-Severity = Literal["error", "warning", "advice"]
 LoopNode = Union[ast.For, ast.AsyncFor, ast.While]
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 # Bodies that run at another time than the loop iteration that contains them.
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One mistake found in one place.
-
-    Attributes:
-        path: The file, as it was given or found under a given folder.
-        line: 1-based line of the offending expression.
-        col: 1-based column (editors count from 1, :mod:`ast` from 0).
-        code: Rule code such as ``"TK101"``.
-        severity: ``"error"`` (wrong results), ``"warning"`` (slow) or ``"advice"``.
-        message: What was found, naming the code it saw.
-        fix: How to fix it, pointing at trainkit's helper where there is one.
-
-    Example::
-
-        >>> f = Finding("t.py", 3, 5, "TK301", "warning", "gc.collect() every step", "remove it")
-        >>> f.format()
-        't.py:3: TK301 [warning] gc.collect() every step; fix: remove it'
-    """
-
-    path: str
-    line: int
-    col: int
-    code: str
-    severity: Severity
-    message: str
-    fix: str
-
-    def format(self) -> str:
-        """Render as the ``PATH:LINE: CODE [severity] message; fix: ...`` text line."""
-        return f"{self.path}:{self.line}: {self.code} [{self.severity}] {self.message}; fix: {self.fix}"
-
-    def to_dict(self) -> Dict[str, object]:
-        """Return the JSON-ready mapping used by ``--format json``."""
-        return {
-            "path": self.path,
-            "line": self.line,
-            "col": self.col,
-            "code": self.code,
-            "severity": self.severity,
-            "message": self.message,
-            "fix": self.fix,
-        }
-
-
-@dataclass(frozen=True)
-class Hit:
-    """What a rule check yields: the node to point at, the message and the fix."""
-
-    node: ast.AST
-    message: str
-    fix: str
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A registered lint rule.
-
-    Example::
-
-        >>> from trainkit.lint import RULES
-        >>> RULES["TK101"].severity
-        'error'
-    """
-
-    code: str
-    name: str
-    severity: Severity
-    summary: str
-    check: Callable[["FileContext"], Iterable[Hit]]
-
-
-RULES: Dict[str, Rule] = {}
-
-
-def rule(
-    code: str, *, name: str, severity: Severity, summary: str
-) -> Callable[[Callable[["FileContext"], Iterable[Hit]]], Callable[["FileContext"], Iterable[Hit]]]:
-    """Register a check function under ``code``.
-
-    Example::
-
-        @rule("TK999", name="demo", severity="advice", summary="demo rule")
-        def _check(ctx: FileContext) -> Iterator[Hit]:
-            yield from ()
-    """
-
-    def register(check: Callable[[FileContext], Iterable[Hit]]) -> Callable[[FileContext], Iterable[Hit]]:
-        if code in RULES:
-            raise ValueError(f"rule code {code!r} is registered twice; pick a new code")
-        RULES[code] = Rule(code=code, name=name, severity=severity, summary=summary, check=check)
-        return check
-
-    return register
-
-
-class LintError(Exception):
-    """A file that could not be linted: missing, unreadable, or not valid Python.
-
-    Attributes:
-        path: The file or path given.
-        line: 1-based line of a syntax error, or 0 when there is no line.
-        reason: What went wrong.
-    """
-
-    def __init__(self, path: str, line: int, reason: str) -> None:
-        super().__init__(f"{path}:{line}: {reason}" if line else f"{path}: {reason}")
-        self.path = path
-        self.line = line
-        self.reason = reason
 
 
 # --------------------------------------------------------------------------- names
@@ -215,7 +100,9 @@ class FileContext:
         self.source = source
         self.tree = tree
         self.parents: Dict[ast.AST, ast.AST] = {}
-        for parent in ast.walk(tree):
+        # One walk, reused by every rule: walking big files is most of the cost.
+        self.nodes: List[ast.AST] = list(ast.walk(tree))
+        for parent in self.nodes:
             for child in ast.iter_child_nodes(parent):
                 self.parents[child] = parent
         self._training: Dict[ast.AST, bool] = {}
@@ -226,7 +113,7 @@ class FileContext:
     def aliases(self) -> Dict[str, str]:
         """Local name -> fully qualified name, from the file's imports."""
         out: Dict[str, str] = {}
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.asname:
@@ -248,18 +135,26 @@ class FileContext:
         full = self.aliases.get(head, head)
         return f"{full}.{rest}" if rest else full
 
-    def references(self) -> Iterator[Tuple[ast.AST, str]]:
-        """Yield every maximal Name/Attribute chain and its qualified name.
+    @cached_property
+    def references(self) -> List[Tuple[ast.AST, str]]:
+        """Every maximal Name/Attribute chain read by the file, with its qualified name.
 
-        Maximal means ``torch.cuda.amp.autocast`` is yielded once, not also as
+        Maximal means ``torch.cuda.amp.autocast`` is listed once, not also as
         ``torch.cuda.amp`` and ``torch.cuda``.
         """
-        for node in ast.walk(self.tree):
+        out: List[Tuple[ast.AST, str]] = []
+        for node in self.nodes:
             if isinstance(node, (ast.Name, ast.Attribute)) and not isinstance(self.parents.get(node), ast.Attribute):
                 if isinstance(getattr(node, "ctx", None), ast.Load):
                     qual = self.qualname(node)
                     if qual is not None:
-                        yield node, qual
+                        out.append((node, qual))
+        return out
+
+    @cached_property
+    def calls(self) -> List[ast.Call]:
+        """Every call in the file, in source order."""
+        return sorted((n for n in self.nodes if isinstance(n, ast.Call)), key=pos)
 
     # -- names of things ----------------------------------------------------
 
@@ -267,7 +162,7 @@ class FileContext:
     def scaler_names(self) -> FrozenSet[str]:
         """Names that hold a GradScaler: built from ``GradScaler(...)``, called ``.scale(``, or named so."""
         found = set()
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 qual = self.qualname(node.value.func) or ""
                 if qual.endswith("GradScaler"):
@@ -286,7 +181,7 @@ class FileContext:
     def optimizer_names(self) -> FrozenSet[str]:
         """Names assigned from an optimizer constructor (``torch.optim.AdamW(...)``)."""
         found = set()
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 qual = self.qualname(node.value.func) or ""
                 if _OPTIMIZER_CLASSES.search(qual):
@@ -323,7 +218,7 @@ class FileContext:
     @cached_property
     def mentions_cuda(self) -> bool:
         """Whether the file targets CUDA: ``.cuda()``, ``torch.cuda``, ``"cuda"`` or ``"cuda:0"``."""
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Attribute) and node.attr == "cuda":
                 return True
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and "cuda" in node.value.lower():
@@ -359,7 +254,7 @@ class FileContext:
     @cached_property
     def training_loops(self) -> List["TrainingLoop"]:
         """Every training loop of the file, in source order."""
-        loops = [n for n in ast.walk(self.tree) if isinstance(n, _LOOPS)]
+        loops = [n for n in self.nodes if isinstance(n, _LOOPS)]
         loops.sort(key=pos)
         return [TrainingLoop(self, loop, self._region(loop)) for loop in loops if self.is_training_loop(loop)]
 
@@ -391,17 +286,18 @@ class TrainingLoop:
     node: LoopNode
     region: List[ast.AST]
 
-    @property
+    # cached_property writes to the instance __dict__, which a frozen dataclass allows.
+    @cached_property
     def calls(self) -> List[ast.Call]:
         """Calls made by one iteration, in source order."""
         return [n for n in self.region if isinstance(n, ast.Call)]
 
-    @property
+    @cached_property
     def backward_calls(self) -> List[ast.Call]:
         """The ``.backward(`` calls of the iteration."""
         return [c for c in self.calls if self.ctx.is_backward(c)]
 
-    @property
+    @cached_property
     def step_calls(self) -> List[ast.Call]:
         """The optimizer / scaler ``.step(`` calls of the iteration."""
         return [c for c in self.calls if self.ctx.is_step(c)]
@@ -432,46 +328,3 @@ class TrainingLoop:
             if isinstance(guard, ast.If) and has_modulo(guard.test):
                 return guard
         return None
-
-
-# --------------------------------------------------------------------------- suppressions
-
-_IGNORE_RE = re.compile(r"#\s*trainkit:\s*ignore\b(?:\[(?P<codes>[^\]]*)\])?", re.IGNORECASE)
-
-
-def parse_suppressions(source: str) -> Dict[int, Optional[FrozenSet[str]]]:
-    """Map line -> codes silenced by a ``# trainkit: ignore[...]`` comment (``None``: all).
-
-    Comments are found with :mod:`tokenize`, so a ``#`` inside a string is not one.
-
-    Example::
-
-        >>> parse_suppressions("x = 1  # trainkit: ignore[TK101, TK3]\\n")
-        {1: frozenset({'TK101', 'TK3'})}
-    """
-    out: Dict[int, Optional[FrozenSet[str]]] = {}
-    try:
-        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-            if tok.type != tokenize.COMMENT:
-                continue
-            match = _IGNORE_RE.search(tok.string)
-            if not match:
-                continue
-            line = tok.start[0]
-            codes = match.group("codes")
-            if codes is None or not codes.strip():
-                out[line] = None
-            elif out.get(line, frozenset()) is not None:
-                parsed = frozenset(c.strip().upper() for c in codes.split(",") if c.strip())
-                out[line] = out.get(line, frozenset()) | parsed  # type: ignore[operator]
-    except (tokenize.TokenError, SyntaxError):
-        pass  # the AST parsed, so a tokenizer hiccup only costs the suppressions after it
-    return out
-
-
-def is_suppressed(code: str, line: int, suppressions: Dict[int, Optional[FrozenSet[str]]]) -> bool:
-    """Whether ``code`` is silenced on ``line`` (a listed prefix such as ``TK1`` counts)."""
-    if line not in suppressions:
-        return False
-    codes = suppressions[line]
-    return codes is None or any(code.startswith(c) for c in codes)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import ast
 from typing import Iterator, List
 
-from trainkit.lint._core import FileContext, Hit, TrainingLoop, find_modulo, method_name, rule
+from trainkit.lint._core import FileContext, TrainingLoop, find_modulo, method_name
 from trainkit.lint._loss import backward_operand, late_normalisation, loss_name, normalised_before
+from trainkit.lint._registry import Hit, rule
 
 _TK_ACCUMULATE = "or let trainkit do it: `with tk.accumulate(n, optimizer):` divides by the micro-batches actually in each window, a short last window included"
 

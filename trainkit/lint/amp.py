@@ -4,8 +4,9 @@ from __future__ import annotations
 import ast
 from typing import Iterator
 
-from trainkit.lint._core import FileContext, Hit, method_name, receiver, rule
+from trainkit.lint._core import FileContext, method_name, receiver
 from trainkit.lint._loss import backward_operand
+from trainkit.lint._registry import Hit, rule
 
 _TK_AMP = "or let trainkit do it: `with tk.autocast_scaled(scaler) as amp:` then `amp.backward(loss); amp.step(optimizer)` unscales, steps, updates and counts skipped steps"
 

@@ -11,7 +11,7 @@ import sys
 from typing import FrozenSet, List, Literal, Optional, Sequence
 
 from trainkit.lint import _api
-from trainkit.lint._core import Finding, LintError
+from trainkit.lint._registry import Finding, LintError
 
 Format = Literal["text", "json"]
 _FORMATS = ("text", "json")

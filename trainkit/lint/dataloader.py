@@ -4,7 +4,8 @@ from __future__ import annotations
 import ast
 from typing import Iterator, List
 
-from trainkit.lint._core import FileContext, Hit, rule
+from trainkit.lint._core import FileContext
+from trainkit.lint._registry import Hit, rule
 
 # Positional index of the argument in torch.utils.data.DataLoader's signature.
 _NUM_WORKERS_POS = 5
@@ -15,14 +16,12 @@ def _loaders(ctx: FileContext) -> List[ast.Call]:
     """``DataLoader(...)`` calls without ``**kwargs`` (which might set anything), in a CUDA script."""
     if not ctx.mentions_cuda:
         return []
-    calls = [
-        n
-        for n in ast.walk(ctx.tree)
-        if isinstance(n, ast.Call)
-        and (ctx.qualname(n.func) or "").split(".")[-1] == "DataLoader"
-        and not any(k.arg is None for k in n.keywords)
+    return [
+        call
+        for call in ctx.calls
+        if (ctx.qualname(call.func) or "").split(".")[-1] == "DataLoader"
+        and not any(k.arg is None for k in call.keywords)
     ]
-    return sorted(calls, key=lambda c: (c.lineno, c.col_offset))
 
 
 def _has(call: ast.Call, keyword: str, position: int) -> bool:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import ast
 from typing import Dict, Iterator, Set, Tuple
 
-from trainkit.lint._core import FileContext, Hit, rule
+from trainkit.lint._core import FileContext
+from trainkit.lint._registry import Hit, rule
 
 _CUDA_AMP: Dict[str, str] = {
     "torch.cuda.amp.autocast": 'torch.amp.autocast("cuda", ...)',
@@ -18,7 +19,7 @@ _JIT = ("torch.jit.script", "torch.jit.trace")
 def _uses(ctx: FileContext, wanted: Tuple[str, ...]) -> Iterator[Tuple[ast.AST, str]]:
     """Each reference to one of ``wanted``, once per line, in source order."""
     seen: Set[Tuple[int, str]] = set()
-    hits = sorted(((n, q) for n, q in ctx.references() if q in wanted), key=lambda h: (h[0].lineno, h[0].col_offset))
+    hits = sorted(((n, q) for n, q in ctx.references if q in wanted), key=lambda h: (h[0].lineno, h[0].col_offset))
     for node, qual in hits:
         if (node.lineno, qual) not in seen:
             seen.add((node.lineno, qual))

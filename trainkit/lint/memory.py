@@ -4,7 +4,8 @@ from __future__ import annotations
 import ast
 from typing import Iterator
 
-from trainkit.lint._core import FileContext, Hit, rule
+from trainkit.lint._core import FileContext
+from trainkit.lint._registry import Hit, rule
 
 _FLUSHES = {
     "torch.cuda.empty_cache": "returns cached blocks to the driver, so the next step pays cudaMalloc again and syncs",

@@ -10,8 +10,9 @@ import ast
 import re
 from typing import Iterator, Optional, Set
 
-from trainkit.lint._core import FileContext, Hit, TrainingLoop, dotted, has_modulo, method_name, names_in, rule
+from trainkit.lint._core import FileContext, TrainingLoop, dotted, has_modulo, method_name, names_in
 from trainkit.lint._loss import backward_operand, loss_name
+from trainkit.lint._registry import Hit, rule
 
 _SYNC_METHODS = frozenset({"item", "cpu", "tolist", "numpy"})
 # An ``if`` mentioning one of these guards logging or evaluation, not the step itself.
