@@ -322,6 +322,22 @@ class TrainingLoop:
         """Whether ``node`` is skipped on some iterations (under an ``if`` or ``except``)."""
         return any(isinstance(g, (ast.If, ast.ExceptHandler, ast.IfExp)) for g in self.guards(node))
 
+    def exclusive(self, a: ast.AST, b: ast.AST) -> bool:
+        """Whether ``a`` and ``b`` sit in opposite branches of one ``if`` (never both run)."""
+        branch_of_a: Dict[ast.AST, str] = {}
+        child = a
+        for parent in self.ctx.ancestors(a, stop=self.node):
+            if isinstance(parent, ast.If):
+                branch_of_a[parent] = "body" if any(child is s for s in parent.body) else "orelse"
+            child = parent
+        child = b
+        for parent in self.ctx.ancestors(b, stop=self.node):
+            if parent in branch_of_a:
+                side = "body" if any(child is s for s in parent.body) else "orelse"
+                return side != branch_of_a[parent]
+            child = parent
+        return False
+
     def modulo_guard(self, node: ast.AST) -> Optional[ast.If]:
         """The innermost enclosing ``if`` whose test uses ``%``, if any."""
         for guard in self.guards(node):

@@ -52,7 +52,8 @@ def check_plain_step_after_scaled_backward(ctx: FileContext) -> Iterator[Hit]:
         scaler = receiver(backward_operand(scaled[0]))  # type: ignore[arg-type]
         for step in loop.step_calls:
             name = receiver(step)
-            if ctx.is_optimizer(name) and not ctx.is_scaler(name):
+            # ``if use_amp: scaled backward + scaler.step  else: plain backward + step`` is fine.
+            if ctx.is_optimizer(name) and not ctx.is_scaler(name) and not loop.exclusive(scaled[0], step):
                 yield Hit(
                     step,
                     f"`{ast.unparse(step)}` after `{ast.unparse(scaled[0])}` (line {scaled[0].lineno}): the gradients "
