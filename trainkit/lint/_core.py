@@ -18,7 +18,7 @@ import ast
 import re
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Dict, FrozenSet, Iterator, List, Optional, Tuple, Union
+from typing import Dict, FrozenSet, Iterator, List, Optional, Set, Tuple, Union
 
 LoopNode = Union[ast.For, ast.AsyncFor, ast.While]
 
@@ -80,6 +80,7 @@ def pos(node: ast.AST) -> Tuple[int, int]:
 
 _OPTIMIZER_RE = re.compile(r"optim|(^|_)opt(_|$|\d)", re.IGNORECASE)
 _SCHEDULER_RE = re.compile(r"sched", re.IGNORECASE)
+_SCALER_CLASS = re.compile(r"GradScaler$")
 _OPTIMIZER_CLASSES = re.compile(r"^torch\.optim\.(?!lr_scheduler)|Optimizer$|^(Adam|AdamW|SGD|RMSprop|Adagrad|LBFGS)$")
 
 
@@ -158,35 +159,33 @@ class FileContext:
 
     # -- names of things ----------------------------------------------------
 
+    def _assigned_from(self, wanted: "re.Pattern[str]") -> Set[str]:
+        """Names assigned from a call whose qualified name matches ``wanted``."""
+        found: Set[str] = set()
+        for node in self.nodes:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                if wanted.search(self.qualname(node.value.func) or ""):
+                    found.update(n for n in map(dotted, node.targets) if n)
+        return found
+
     @cached_property
     def scaler_names(self) -> FrozenSet[str]:
         """Names that hold a GradScaler: built from ``GradScaler(...)``, called ``.scale(``, or named so."""
-        found = set()
+        found = self._assigned_from(_SCALER_CLASS)
         for node in self.nodes:
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-                qual = self.qualname(node.value.func) or ""
-                if qual.endswith("GradScaler"):
-                    found.update(n for n in map(dotted, node.targets) if n)
-            elif isinstance(node, ast.Call) and method_name(node) == "scale":
-                name = receiver(node)
-                if name:
-                    found.add(name)
+            if isinstance(node, ast.Call) and method_name(node) == "scale":
+                found.add(receiver(node) or "")
             elif isinstance(node, (ast.Name, ast.Attribute)):
                 name = dotted(node)
                 if name and "scaler" in name.split(".")[-1].lower():
                     found.add(name)
+        found.discard("")
         return frozenset(found)
 
     @cached_property
     def optimizer_names(self) -> FrozenSet[str]:
         """Names assigned from an optimizer constructor (``torch.optim.AdamW(...)``)."""
-        found = set()
-        for node in self.nodes:
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-                qual = self.qualname(node.value.func) or ""
-                if _OPTIMIZER_CLASSES.search(qual):
-                    found.update(n for n in map(dotted, node.targets) if n)
-        return frozenset(found)
+        return frozenset(self._assigned_from(_OPTIMIZER_CLASSES))
 
     def is_optimizer(self, name: Optional[str]) -> bool:
         """Whether a dotted name looks like an optimizer (and not an LR scheduler)."""

@@ -7,7 +7,7 @@ The gradients of the N backwards add up, so each loss must be divided by N
 from __future__ import annotations
 
 import ast
-from typing import Iterator, List
+from typing import Iterator, Tuple
 
 from trainkit.lint._core import FileContext, TrainingLoop, find_modulo, method_name
 from trainkit.lint._loss import backward_operand, late_normalisation, loss_name, normalised_before
@@ -16,19 +16,19 @@ from trainkit.lint._registry import Hit, rule
 _TK_ACCUMULATE = "or let trainkit do it: `with tk.accumulate(n, optimizer):` divides by the micro-batches actually in each window, a short last window included"
 
 
-def _accumulation_steps(ctx: FileContext, loop: TrainingLoop) -> List[ast.Call]:
-    """Steps under an ``if ... % n ...`` test, unless trainkit's accumulate() already normalises."""
-    return [
-        step
-        for step in loop.step_calls
-        if loop.modulo_guard(step) is not None and not ctx.inside_with(step, ("accumulate",))
-    ]
+def _accumulating_loops(ctx: FileContext) -> Iterator[Tuple[TrainingLoop, ast.Call, str]]:
+    """Each loop that steps under ``if ... % n ...``, its first such step, and ``n`` as written.
 
-
-def _every(loop: TrainingLoop, step: ast.Call) -> str:
-    guard = loop.modulo_guard(step)
-    modulo = find_modulo(guard.test) if guard is not None else None
-    return ast.unparse(modulo.right) if modulo is not None else "N"
+    Loops inside trainkit's ``tk.accumulate(...)`` (or accelerate's ``accumulate``)
+    are left out: the helper normalises and zeroes for you.
+    """
+    for loop in ctx.training_loops:
+        for step in loop.step_calls:
+            guard = loop.modulo_guard(step)
+            if guard is not None and not ctx.inside_with(step, ("accumulate",)):
+                modulo = find_modulo(guard.test)
+                yield loop, step, ast.unparse(modulo.right) if modulo is not None else "N"
+                break
 
 
 @rule(
@@ -62,11 +62,7 @@ def check_late_normalisation(ctx: FileContext) -> Iterator[Hit]:
 )
 def check_unnormalised_accumulation(ctx: FileContext) -> Iterator[Hit]:
     """Flag an accumulating loop (step under ``% n``) whose loss is never divided."""
-    for loop in ctx.training_loops:
-        steps = _accumulation_steps(ctx, loop)
-        if not steps:
-            continue
-        every = _every(loop, steps[0])
+    for loop, step, every in _accumulating_loops(ctx):
         for call in loop.backward_calls:
             name = loss_name(backward_operand(call))
             # A division after backward is TK101's finding: one mistake, one report.
@@ -76,7 +72,7 @@ def check_unnormalised_accumulation(ctx: FileContext) -> Iterator[Hit]:
             yield Hit(
                 call,
                 f"`{ast.unparse(call)}` accumulates gradients over `{every}` micro-batches "
-                f"(step on line {steps[0].lineno}) but `{shown}` is never divided: the update is `{every}` times too large",
+                f"(step on line {step.lineno}) but `{shown}` is never divided: the update is `{every}` times too large",
                 f"`{shown} = {shown} / {every}` before backward; {_TK_ACCUMULATE}",
             )
 
@@ -89,16 +85,12 @@ def check_unnormalised_accumulation(ctx: FileContext) -> Iterator[Hit]:
 )
 def check_zero_grad_every_micro_batch(ctx: FileContext) -> Iterator[Hit]:
     """Flag an unconditional ``zero_grad()`` in a loop whose step is under ``% n``."""
-    for loop in ctx.training_loops:
-        steps = _accumulation_steps(ctx, loop)
-        if not steps:
-            continue
-        every = _every(loop, steps[0])
+    for loop, step, every in _accumulating_loops(ctx):
         for call in loop.calls:
             if method_name(call) == "zero_grad" and not loop.is_conditional(call):
                 yield Hit(
                     call,
-                    f"`{ast.unparse(call)}` runs on every micro-batch but the step (line {steps[0].lineno}) "
+                    f"`{ast.unparse(call)}` runs on every micro-batch but the step (line {step.lineno}) "
                     f"runs every `{every}`: the accumulated gradients are wiped, only the last micro-batch is used",
                     f"move `{ast.unparse(call)}` under the same `if` as the step, right after it; {_TK_ACCUMULATE}",
                 )

@@ -42,21 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--format", choices=_FORMATS, default="text", help="text (PATH:LINE: CODE message) or json (a list of objects)"
     )
-    parser.add_argument(
-        "--select",
-        type=_codes_argument("--select"),
-        default=None,
-        metavar="CODES",
-        help="comma-separated codes or prefixes to run, e.g. TK1,TK301 (default: all)",
-    )
-    parser.add_argument(
-        "--ignore",
-        type=_codes_argument("--ignore"),
-        default=None,
-        metavar="CODES",
-        help="comma-separated codes or prefixes to skip, e.g. TK5",
-    )
-
+    for option, example, verb in (("--select", "TK1,TK301", "run"), ("--ignore", "TK5", "skip")):
+        parser.add_argument(
+            option,
+            type=_codes_argument(option),
+            default=None,
+            metavar="CODES",
+            help=f"comma-separated codes or prefixes to {verb}, e.g. {example}",
+        )
 
 def _print_text(findings: List[Finding], checked: int) -> None:
     for finding in findings:

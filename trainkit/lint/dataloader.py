@@ -24,8 +24,11 @@ def _loaders(ctx: FileContext) -> List[ast.Call]:
     ]
 
 
-def _has(call: ast.Call, keyword: str, position: int) -> bool:
-    return len(call.args) > position or any(k.arg == keyword for k in call.keywords)
+def _missing(ctx: FileContext, keyword: str, position: int, why: str, fix: str) -> Iterator[Hit]:
+    """A hit for each CUDA-script loader that sets ``keyword`` neither by name nor by position."""
+    for call in _loaders(ctx):
+        if len(call.args) <= position and not any(k.arg == keyword for k in call.keywords):
+            yield Hit(call, f"`{ast.unparse(call.func)}(...)` without `{keyword}`: {why}", fix)
 
 
 @rule(
@@ -36,14 +39,13 @@ def _has(call: ast.Call, keyword: str, position: int) -> bool:
 )
 def check_num_workers(ctx: FileContext) -> Iterator[Hit]:
     """Flag ``DataLoader(...)`` without ``num_workers`` in a file that uses CUDA."""
-    for call in _loaders(ctx):
-        if not _has(call, "num_workers", _NUM_WORKERS_POS):
-            yield Hit(
-                call,
-                f"`{ast.unparse(call.func)}(...)` without `num_workers`: loading and collating run in the training "
-                "process, between GPU steps",
-                "pass `num_workers=4` (about the CPU cores per GPU) and `persistent_workers=True`",
-            )
+    return _missing(
+        ctx,
+        "num_workers",
+        _NUM_WORKERS_POS,
+        "loading and collating run in the training process, between GPU steps",
+        "pass `num_workers=4` (about the CPU cores per GPU) and `persistent_workers=True`",
+    )
 
 
 @rule(
@@ -54,11 +56,10 @@ def check_num_workers(ctx: FileContext) -> Iterator[Hit]:
 )
 def check_pin_memory(ctx: FileContext) -> Iterator[Hit]:
     """Flag ``DataLoader(...)`` without ``pin_memory`` in a file that uses CUDA."""
-    for call in _loaders(ctx):
-        if not _has(call, "pin_memory", _PIN_MEMORY_POS):
-            yield Hit(
-                call,
-                f"`{ast.unparse(call.func)}(...)` without `pin_memory`: batches come from pageable memory, so "
-                "`.to(device, non_blocking=True)` still blocks",
-                "pass `pin_memory=True` and copy with `.to(device, non_blocking=True)`",
-            )
+    return _missing(
+        ctx,
+        "pin_memory",
+        _PIN_MEMORY_POS,
+        "batches come from pageable memory, so `.to(device, non_blocking=True)` still blocks",
+        "pass `pin_memory=True` and copy with `.to(device, non_blocking=True)`",
+    )
