@@ -140,3 +140,12 @@ def test_linter_never_imports_torch() -> None:
             else:
                 continue
             assert not any(n.split(".")[0] == "torch" for n in names), f"{path.name} imports torch"
+
+
+@pytest.mark.parametrize("module", ["_api", "_registry", "_suppress", "cli"])
+def test_docstring_examples_run(module: str) -> None:
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"trainkit.lint.{module}"), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import FrozenSet, List, Literal, Optional, Sequence
+from typing import Callable, FrozenSet, List, Literal, Optional, Sequence
 
 from trainkit.lint import _api
 from trainkit.lint._registry import Finding, LintError
@@ -17,7 +17,7 @@ Format = Literal["text", "json"]
 _FORMATS = ("text", "json")
 
 
-def _codes_argument(option: str):  # type: ignore[no-untyped-def]
+def _codes_argument(option: str) -> Callable[[str], FrozenSet[str]]:
     """An argparse ``type=`` that validates codes, so a bad one is a usage error (exit 2)."""
 
     def parse(value: str) -> FrozenSet[str]:
