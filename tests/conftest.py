@@ -23,6 +23,10 @@ def scalars(logdir: str) -> Dict[str, List[Tuple[int, float]]]:
 @pytest.fixture(autouse=True)
 def _no_session_leak():
     yield
+    from trainkit.patch import _patched, unpatch
+
+    for opt in list(_patched):  # a patched optimizer changes how loaders count steps
+        unpatch(opt)
     s = _active_session()
     if s is not None:
         s.close()
