@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Optional
 from .session import active as _active_session
 from . import timing
 from .recorder import CLOSURE_MS, DATA_WAIT, ITEMS, UPDATE_MS
-from .techniques.transfer import batch_items
+from .techniques.transfer import items_counter
 
 _ATTR = "_trainkit_patch"
 _MISSING = object()
@@ -191,6 +191,7 @@ class PatchedLoader:
     def __iter__(self) -> Iterator[Any]:
         it = iter(self.source)
         now = timing.now
+        count = items_counter()
         while True:
             t0 = now()
             try:
@@ -204,8 +205,8 @@ class PatchedLoader:
                     s._last_step_end = timing.cuda_event() if timing.cuda_in_use() else t0
                 s._batch_step = s.step
                 s.record(DATA_WAIT, (t1 - t0) * 1e3)
-                found, n = batch_items(batch)
-                if found:
+                n = count(batch)
+                if n is not None:
                     s.record(ITEMS, float(n))
                 if not _patched:
                     s.step_done(timing.cuda_event() if timing.cuda_in_use() else t1)
