@@ -130,8 +130,6 @@ class Accumulator:
             self.micro_batches += 1
             self._unsynced = self._sync_off()
             return False
-        if not self._force:
-            self.micro_batches += 1
         self.prepare()
         self.end_window(stepped=True)
         return True
@@ -154,7 +152,8 @@ class Accumulator:
                                  f"once per micro-batch, e.g. acc.add_items(y.numel())")
             divisor = _global_items(self.items, grads, self.model)
         else:
-            divisor = float(self.micro_batches)
+            # The boundary call itself is not counted yet (the exit's step is no micro-batch).
+            divisor = float(self.micro_batches + (0 if self._force else 1))
         if world is None:
             world = _ddp_world(self.model)
         # DDP averages over ranks; items normalisation wants the sum over ranks / total items.
