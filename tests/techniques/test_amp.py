@@ -72,7 +72,7 @@ def test_clip_grad_norm_applies_to_unscaled_window_gradient():
     scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
     x, y = (t.float() for t in batches([4])[0])
     with tk.accumulate(2, opt):
-        for _ in range(2):
+        for i in range(2):
             with tk.autocast_scaled(scaler, dtype="fp16") as amp:
                 loss = 10 * torch.nn.functional.mse_loss(m(x), y)
             amp.backward(loss)
