@@ -77,7 +77,7 @@ def test_clip_grad_norm_applies_to_unscaled_window_gradient():
                 loss = 10 * torch.nn.functional.mse_loss(m(x), y)
             amp.backward(loss)
             amp.step(opt, clip_grad_norm=0.5)
-            if _ == 1:
+            if i == 1:
                 norm = torch.nn.utils.get_total_norm([p.grad for p in m.parameters()]) \
                     if hasattr(torch.nn.utils, "get_total_norm") else \
                     torch.norm(torch.stack([p.grad.norm() for p in m.parameters()]))
