@@ -13,7 +13,7 @@ import re
 from typing import Any, Dict, Iterator, Mapping, Optional
 
 from . import _env
-from .session import active as _active_session  # not `from . import session`: trainkit.session is the function
+from .session import active as _active_session
 
 BUILTIN = ("amp", "compile", "fused", "pin_memory", "num_workers", "set_to_none",
            "channels_last", "tf32", "cudnn_benchmark")
