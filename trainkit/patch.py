@@ -49,6 +49,8 @@ class OptimizerPatch:
         #: the ``set_to_none`` technique's value for ``zero_grad()`` calls without arguments.
         self.set_to_none: Optional[bool] = None
         self.compiled = False
+        #: undoes what the ``fused`` technique changed (trainkit.techniques.fused), if anything.
+        self.undo_fused: Optional[Callable[[], None]] = None
         self._cuda: Optional[bool] = None
         self._opt = weakref.ref(opt)
 
@@ -152,6 +154,12 @@ def _patch_optimizer(opt: Any, *, compile: bool) -> Any:
         opt.step = types.MethodType(_step_function(p.orig_step), opt)
         opt.zero_grad = types.MethodType(_patched_zero_grad, opt)
         _patched.add(opt)
+        # Technique switches acting at the patch (trainkit.techniques.fused; set_to_none).
+        from .switches import technique
+        from .techniques import fused
+
+        p.set_to_none = bool(technique("set_to_none", True))
+        p.undo_fused = fused.apply(opt)
     if compile and not p.compiled:
         from .techniques.compiled_step import compile_core
 
@@ -173,6 +181,8 @@ def _unpatch_optimizer(opt: Any) -> Any:
             else:
                 opt.__dict__[name] = saved
     _patched.discard(opt)
+    if p.undo_fused is not None:
+        p.undo_fused()
     return opt
 
 
@@ -258,7 +268,9 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
     if compile:
         raise TypeError("patch(loader, compile=True): compile applies to optimizers only, "
                         "e.g. tk.patch(optimizer, compile=True)")
-    return PatchedLoader(obj)
+    from .techniques.loader_options import rebuild  # pin_memory / num_workers overrides
+
+    return PatchedLoader(rebuild(obj))
 
 
 def unpatch(obj: Any) -> Any:

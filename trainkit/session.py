@@ -113,6 +113,9 @@ class Session:
 
             self._profiler = start_profiler(self)
         _activate(self)
+        from .techniques import backends
+
+        backends.apply(self)  # tf32 / cudnn_benchmark overrides, restored on close
 
     # -- public ----------------------------------------------------------------------------------
     def log(self, name: str, value: Any, *, step: Optional[int] = None) -> None:
