@@ -115,7 +115,11 @@ class Session:
         _activate(self)
         from .techniques import backends
 
-        backends.apply(self)  # tf32 / cudnn_benchmark overrides, restored on close
+        try:
+            backends.apply(self)  # tf32 / cudnn_benchmark overrides, restored on close
+        except BaseException:
+            self.close()  # e.g. a malformed TRAINKIT_TECHNIQUES: leave no session half-open
+            raise
 
     # -- public ----------------------------------------------------------------------------------
     def log(self, name: str, value: Any, *, step: Optional[int] = None) -> None:
