@@ -163,6 +163,16 @@ class Session:
                 self._recorder.close()
                 _release_signals()
 
+    def flush(self) -> None:
+        """Write every completed step recorded so far, now (the writer does it every ``flush_secs``).
+
+        Example::
+
+            s.flush()   # e.g. before a checkpoint
+        """
+        if not self._closed and os.getpid() == self._pid:
+            self._recorder.flush(final=False)
+
     @property
     def closed(self) -> bool:
         return self._closed
@@ -263,14 +273,21 @@ def _close_active() -> None:
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     prev = _prev_sigterm
+    if callable(prev) or prev == signal.SIG_IGN:
+        # The process may live on (a handler that sets a "stop after this epoch" flag, or one
+        # that ignores SIGTERM): write what is recorded, and keep recording.
+        s = _active
+        if s is not None:
+            s.flush()
+        if callable(prev):
+            prev(signum, frame)
+        return
+    # Default action: flush and close, then die by the signal, so that the parent sees the same
+    # exit status as without trainkit.
     _close_active()
     _release_signals()
-    if callable(prev):
-        prev(signum, frame)
-    elif prev != signal.SIG_IGN:
-        # Default action: die by the signal, so the parent sees the same status as without us.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _install_signals() -> None:
