@@ -19,6 +19,7 @@ from .profiling.regions import profile_region
 from .profiling.schedule import ProfileSchedule
 from .session import Session, active, session
 from .switches import technique
+from .techniques.compiled_step import compiled_step
 from .techniques.transfer import to_device
 
 __version__ = "0.1.0"
@@ -27,6 +28,7 @@ __all__ = [
     "ProfileSchedule",
     "Session",
     "active",
+    "compiled_step",
     "patch",
     "profile_region",
     "session",
