@@ -17,6 +17,7 @@ warning naming the guard that failed.
 from __future__ import annotations
 
 import functools
+import re
 import time
 import warnings
 from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, Union, overload
@@ -137,6 +138,16 @@ def _new_failures(before: int) -> List[str]:
     return [str(r) for r in reasons[before:]] if len(reasons) > before else []
 
 
+def _latest_entry_reason(reasons: List[str]) -> str:
+    """The failure of the newest cache entry: older entries fail on stale state (e.g. "the
+    optimizer state is empty", true only before the first step), the newest on what changed."""
+    def entry(reason: str) -> int:
+        m = re.match(r"\s*\[?(\d+)/(\d+)", reason)
+        return int(m.group(2)) if m else -1
+
+    return max(reasons, key=entry).strip() if reasons else "unknown guard"
+
+
 class _Compiled:
     """A compiled callable plus the hyper-parameter swap, compile timing and recompile watch."""
 
@@ -176,16 +187,16 @@ class _Compiled:
 
     def _compiled(self, seconds: float, recompiled: bool, fails0: int) -> None:
         self.compile_seconds += seconds
-        if recompiled:
+        late = self.calls > WARMUP_CALLS
+        if recompiled and late:  # warm-up compiles are expected: only these cost a healthy run
             self.recompiles += 1
         s = _active_session()
         if s is not None:
             s.record(COMPILE_SECONDS, seconds)
             s.record(COMPILE_RECOMPILES, float(self.recompiles))
-        if recompiled and self.calls > WARMUP_CALLS and not self.warned:
+        if recompiled and late and not self.warned:
             self.warned = True
-            reasons = _new_failures(fails0)
-            guard = reasons[-1].strip() if reasons else "unknown guard"
+            guard = _latest_entry_reason(_new_failures(fails0))
             warnings.warn(
                 f"trainkit.compiled_step({self.name}): torch.compile recompiled the optimizer step "
                 f"at call {self.calls}, after warm-up; the guard that failed: {guard}. Each "
