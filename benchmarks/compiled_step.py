@@ -12,14 +12,17 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 from typing import Callable, Dict, List
 
 import numpy as np
 import torch
 
-import trainkit as tk
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+import trainkit as tk  # noqa: E402
 
 
 def _model(device: torch.device) -> torch.nn.Module:

@@ -229,3 +229,27 @@ def test_recompile_after_warmup_warns_once_naming_the_guard() -> None:
             step()
     assert len([w for w in rec if "compiled_step" in str(w.message)]) == 1
     assert step.trainkit_compiled.recompiles >= 1  # dynamo may make the float dynamic after one
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (foreach + capturable path)")
+def test_cuda_foreach_adam_onecycle_no_recompiles() -> None:
+    """On CUDA, Adam defaults to foreach, which takes tensor lr/betas only with capturable=True;
+    dynamo sets it for a fresh state, and trainkit's tensors live on the parameters' device."""
+    torch.manual_seed(0)
+    ref_model = torch.nn.Linear(8, 4).cuda()
+    model = torch.nn.Linear(8, 4).cuda()
+    model.load_state_dict(ref_model.state_dict())
+    x = torch.randn(16, 8, device="cuda")
+    ref_opt = torch.optim.Adam(ref_model.parameters(), lr=0.01)
+    opt = tk.compiled_step(torch.optim.Adam(model.parameters(), lr=0.01))
+    scheds = [SCHEDULERS["onecycle"](o) for o in (ref_opt, opt)]
+    for _ in range(STEPS):
+        for m, o, s in zip((ref_model, model), (ref_opt, opt), scheds):
+            m(x).pow(2).mean().backward()
+            o.step()
+            o.zero_grad()
+            s.step()
+    for a, b in zip(model.parameters(), ref_model.parameters()):
+        assert ((a - b).norm() / b.norm()).item() < 1e-5
+    assert opt.__dict__["_trainkit_patch"].core.trainkit_compiled.recompiles == 0
