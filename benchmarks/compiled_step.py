@@ -81,7 +81,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls first (they compile)")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    name = torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    name = (torch.cuda.get_device_name() if device.type == "cuda"
+            else f"cpu ({torch.get_num_threads()} threads)")
     print(f"device: {name}; torch {torch.__version__}; rounds {args.rounds} x {args.calls} calls")
     variants = _variants(device)
     for label, fn in variants.items():
