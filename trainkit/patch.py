@@ -21,10 +21,10 @@ import types
 import weakref
 from typing import Any, Callable, Iterator, Optional
 
-from . import session as _session
+from .session import active as _active_session
 from . import timing
 from .recorder import CLOSURE_MS, DATA_WAIT, ITEMS, UPDATE_MS
-from .techniques.transfer import batch_items
+from .techniques.transfer import items_counter
 
 _ATTR = "_trainkit_patch"
 _MISSING = object()
@@ -49,6 +49,8 @@ class OptimizerPatch:
         #: the ``set_to_none`` technique's value for ``zero_grad()`` calls without arguments.
         self.set_to_none: Optional[bool] = None
         self.compiled = False
+        #: undoes what the ``fused`` technique changed (trainkit.techniques.fused), if anything.
+        self.undo_fused: Optional[Callable[[], None]] = None
         self._cuda: Optional[bool] = None
         self._opt = weakref.ref(opt)
 
@@ -63,7 +65,7 @@ class OptimizerPatch:
         gate = self.gate
         if gate is not None and not gate.should_step():
             return None  # inside an accumulation window: gradients keep adding up
-        s = _session._active
+        s = _active_session()
         if s is None:
             return self.core(*args, **kwargs)
         closure_ms = [0.0]
@@ -127,6 +129,18 @@ def _patched_zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
     return p.zero_grad(*args, **kwargs)
 
 
+def _step_function(orig: Any) -> Any:
+    # A copy of _patched_step per optimizer, so it can carry the marker an LR scheduler created
+    # before the patch left on the step it wrapped: without it, the scheduler warns at its first
+    # step() that "optimizer.step() has been overridden after learning rate scheduler initialization".
+    fn = types.FunctionType(_patched_step.__code__, _patched_step.__globals__, "step",
+                            _patched_step.__defaults__, _patched_step.__closure__)
+    fn.__wrapped_step__ = True  # type: ignore[attr-defined]
+    if getattr(orig, "_wrapped_by_lr_sched", False):
+        fn._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    return fn
+
+
 def optimizer_patch(opt: Any) -> Optional[OptimizerPatch]:
     """The patch state of ``opt``, or None when it is not patched."""
     return opt.__dict__.get(_ATTR) if hasattr(opt, "__dict__") else None
@@ -137,9 +151,15 @@ def _patch_optimizer(opt: Any, *, compile: bool) -> Any:
     if p is None:
         p = OptimizerPatch(opt)
         opt.__dict__[_ATTR] = p
-        opt.step = types.MethodType(_patched_step, opt)
+        opt.step = types.MethodType(_step_function(p.orig_step), opt)
         opt.zero_grad = types.MethodType(_patched_zero_grad, opt)
         _patched.add(opt)
+        # Technique switches acting at the patch (trainkit.techniques.fused; set_to_none).
+        from .switches import technique
+        from .techniques import fused
+
+        p.set_to_none = bool(technique("set_to_none", True))
+        p.undo_fused = fused.apply(opt)
     if compile and not p.compiled:
         from .techniques.compiled_step import compile_core
 
@@ -152,15 +172,17 @@ def _unpatch_optimizer(opt: Any) -> Any:
     p = opt.__dict__.pop(_ATTR, None)
     if p is None:
         return opt
-    for name, saved, ours in (("step", p.saved_step, _patched_step),
-                              ("zero_grad", p.saved_zero_grad, _patched_zero_grad)):
-        current = opt.__dict__.get(name)
-        if getattr(current, "__func__", None) is ours:  # else a scheduler wraps us: we fall through
+    for name, saved in (("step", p.saved_step), ("zero_grad", p.saved_zero_grad)):
+        current = getattr(opt.__dict__.get(name), "__func__", None)
+        ours = current is _patched_zero_grad or getattr(current, "__wrapped_step__", False)
+        if ours:  # else an LR scheduler created since wraps us, and our step falls through
             if saved is _MISSING:
                 del opt.__dict__[name]
             else:
                 opt.__dict__[name] = saved
     _patched.discard(opt)
+    if p.undo_fused is not None:
+        p.undo_fused()
     return opt
 
 
@@ -179,6 +201,7 @@ class PatchedLoader:
     def __iter__(self) -> Iterator[Any]:
         it = iter(self.source)
         now = timing.now
+        count = items_counter()
         while True:
             t0 = now()
             try:
@@ -186,14 +209,14 @@ class PatchedLoader:
             except StopIteration:
                 return
             t1 = now()
-            s = _session._active
+            s = _active_session()
             if s is not None:
                 if s._last_step_end is None:  # the first step's time starts with its data
                     s._last_step_end = timing.cuda_event() if timing.cuda_in_use() else t0
                 s._batch_step = s.step
                 s.record(DATA_WAIT, (t1 - t0) * 1e3)
-                found, n = batch_items(batch)
-                if found:
+                n = count(batch)
+                if n is not None:
                     s.record(ITEMS, float(n))
                 if not _patched:
                     s.step_done(timing.cuda_event() if timing.cuda_in_use() else t1)
@@ -245,7 +268,9 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
     if compile:
         raise TypeError("patch(loader, compile=True): compile applies to optimizers only, "
                         "e.g. tk.patch(optimizer, compile=True)")
-    return PatchedLoader(obj)
+    from .techniques.loader_options import rebuild  # pin_memory / num_workers overrides
+
+    return PatchedLoader(rebuild(obj))
 
 
 def unpatch(obj: Any) -> Any:

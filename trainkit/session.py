@@ -113,6 +113,9 @@ class Session:
 
             self._profiler = start_profiler(self)
         _activate(self)
+        from .techniques import backends
+
+        backends.apply(self)  # tf32 / cudnn_benchmark overrides, restored on close
 
     # -- public ----------------------------------------------------------------------------------
     def log(self, name: str, value: Any, *, step: Optional[int] = None) -> None:
@@ -128,14 +131,14 @@ class Session:
 
             s.log("loss", loss)
         """
-        if not isinstance(name, str) or not name:
+        if type(name) is not str or not name:
             raise TypeError(f"log(name={name!r}): name must be a non-empty str, e.g. s.log('loss', loss)")
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-            raise ValueError(f"log(step={step!r}): step must be a non-negative int or None "
-                             f"(None files it under the current optimizer step)")
         if step is None:
             step = self.step if self._batch_step is None else self._batch_step
-        self._buf.append((name, step, _scalar(name, value)))
+        elif isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"log(step={step!r}): step must be a non-negative int or None "
+                             f"(None files it under the current optimizer step)")
+        self._buf.append((name, step, value if type(value) is float else _scalar(name, value)))
 
     def close(self) -> None:
         """Flush everything recorded and close the event files. Safe to call twice."""
@@ -200,20 +203,19 @@ class Session:
 
 
 def _scalar(name: str, value: Any) -> Any:
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
     import torch
 
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ValueError(f"log({name!r}, tensor of shape {tuple(value.shape)}): only scalars can "
                              f"be logged; reduce it first, e.g. s.log({name!r}, t.mean())")
-        value = value.detach()
         if value.is_cuda:
-            return timing.PendingTensor(value, timing.cuda_event())
-        return float(value.item())  # on the CPU this is a read, not a device sync
+            return timing.PendingTensor(value.detach(), timing.cuda_event())
+        # On the CPU this is a read, not a device sync; reading now (rather than keeping the
+        # tensor) also frees the autograd graph the loss still holds.
+        return value.item()
+    if isinstance(value, numbers.Real):
+        return float(value)
     raise TypeError(f"log({name!r}, {value!r}): value must be a number or a one-element tensor")
 
 

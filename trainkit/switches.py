@@ -13,7 +13,6 @@ import re
 from typing import Any, Dict, Iterator, Mapping, Optional
 
 from . import _env
-# Not `from . import session`: trainkit/__init__ rebinds `trainkit.session` to the function.
 from .session import active as _active_session
 
 BUILTIN = ("amp", "compile", "fused", "pin_memory", "num_workers", "set_to_none",
