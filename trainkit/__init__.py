@@ -22,6 +22,7 @@ from .switches import technique
 from .techniques.accumulate import accumulate
 from .techniques.amp import autocast_scaled
 from .techniques.backends import channels_last
+from .techniques.compiled_step import compiled_step
 from .techniques.transfer import to_device
 
 __version__ = "0.1.0"
@@ -33,6 +34,7 @@ __all__ = [
     "active",
     "autocast_scaled",
     "channels_last",
+    "compiled_step",
     "patch",
     "profile_region",
     "session",
