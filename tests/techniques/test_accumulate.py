@@ -122,3 +122,35 @@ def test_step_time_counts_only_real_steps(tmp_path):
     assert len(points) == 3
     assert [p.step for p in points] == [1, 2, 3]
     tk.unpatch(opt)
+
+
+def _amp_window_loop(divide_by):
+    """Four micro-batches under accumulate(4) + autocast_scaled(fp32); the loss divided or not."""
+    import warnings
+
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with tk.accumulate(4, opt):
+            for _ in range(8):
+                with tk.autocast_scaled(dtype="fp32") as amp:
+                    loss = model(torch.ones(2, 3)).mean()
+                if divide_by is not None:
+                    loss = divide_by(loss)
+                amp.backward(loss)
+                amp.step(opt)
+                opt.zero_grad()
+    return [w for w in caught if "divided by 4" in str(w.message)]
+
+
+@pytest.mark.parametrize("divide", [lambda l: l / 4, lambda l: l * 0.25, lambda l: 0.25 * l])
+def test_loss_divided_by_n_again_warns_once(divide):
+    found = _amp_window_loop(divide)
+    assert len(found) == 1
+    assert "update is 4x too small" in str(found[0].message)
+
+
+@pytest.mark.parametrize("divide", [None, lambda l: l / 2, lambda l: l * 3])
+def test_other_losses_do_not_warn(divide):
+    assert _amp_window_loop(divide) == []

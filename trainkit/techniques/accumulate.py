@@ -7,10 +7,12 @@ summed gradients were divided by the number of micro-batches in the window (or b
 counted with ``acc.add_items``), so the loss is the plain per-micro-batch mean and needs no
 ``/ n``. ``zero_grad()`` is a no-op while a window is open.
 
-A loss that the user ALSO divides by ``n`` cannot be detected: a gradient scaled by ``1/n`` is
-indistinguishable from a smaller gradient (a lower loss, a different batch). Rather than a
-heuristic that would fire wrongly, the accumulator exposes ``acc.n``, ``acc.micro_batches`` and
-``acc.boundary`` so a loop can check what it does, and the docstring says it plainly.
+A loss that the user ALSO divides by ``n`` cannot be detected from the gradients (a gradient
+scaled by ``1/n`` looks like a smaller one). It can be seen where the loss itself passes through
+trainkit: ``amp.backward(loss)`` looks at the loss's last autograd node, and a literal
+``loss / n`` (or ``loss * (1 / n)``) with this window's ``n`` gets one warning per block. No
+guessing beyond that: a plain ``loss.backward()`` is left to ``trainkit lint`` (TK104), which
+finds the division in the source.
 
 DDP: with ``model=`` a forward pre-hook sets ``require_backward_grad_sync`` (what ``no_sync()``
 does) before each forward, so only the boundary micro-batch all-reduces. The last, partial
@@ -31,6 +33,9 @@ from ..patch import optimizer_patch, patch as _patch_opt
 
 Normalize = Literal["mean", "items"]
 _NORMALIZE = ("mean", "items")
+#: The accumulate blocks open right now, innermost last: the state of the ``with`` blocks, as
+#: autocast keeps its own; amp.backward reads it to spot a loss divided by n a second time.
+_open: List["Accumulator"] = []
 
 
 def _check(n: Any, optimizer: Any, model: Any, normalize: Any) -> None:
@@ -93,6 +98,7 @@ class Accumulator:
         self._prepared = False  # the current window's gradients are synced and divided
         self._force = False  # the exit's step of a partial window
         self._unsynced = False  # the window's last backward ran with DDP sync off
+        self._warned_divided = False
         #: set by ``amp.step``: performs the window's step through the GradScaler.
         self.amp_step: Optional[Callable[[], Any]] = None
 
@@ -211,6 +217,41 @@ class Accumulator:
                 f"steps={self.steps} normalize={self.normalize!r}>")
 
 
+def warn_if_divided(loss: Any) -> None:
+    """Warn once per block when ``loss`` is literally ``x / n`` or ``x * (1 / n)`` for this ``n``.
+
+    Reads only the loss's last autograd node and its saved CPU scalar (no device sync).
+    """
+    if not _open:
+        return
+    acc = _open[-1]
+    if acc.normalize != "mean" or acc.n == 1 or acc._warned_divided:
+        return
+    fn = getattr(loss, "grad_fn", None)
+    if fn is None:
+        return
+    name = fn.name()
+    if not (name.startswith("DivBackward") or name.startswith("MulBackward")):
+        return
+    try:
+        other = fn._saved_other
+    except (AttributeError, RuntimeError):  # not saved, or already freed
+        return
+    import torch
+
+    if not isinstance(other, torch.Tensor) or other.numel() != 1 or other.device.type != "cpu":
+        return
+    value = float(other)
+    divided = value == acc.n if name.startswith("Div") else abs(value * acc.n - 1.0) < 1e-9
+    if divided:
+        acc._warned_divided = True
+        warnings.warn(
+            f"the loss is divided by {acc.n} inside tk.accumulate({acc.n}, ...), which already "
+            f"divides the gradients by the micro-batches in each window: the update is {acc.n}x "
+            f"too small. Drop the division (pass the plain per-micro-batch mean loss)",
+            UserWarning, stacklevel=3)
+
+
 def _grads(optimizer: Any) -> List[Any]:
     return [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
 
@@ -268,8 +309,8 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None,
 
     Inside the block ``optimizer.step()`` really steps on every n-th call, after dividing the
     gradients by the micro-batches actually in that window (``normalize="mean"``: the loss is the
-    usual per-micro-batch mean; do NOT divide it by ``n`` yourself — trainkit cannot detect that
-    you did, check ``acc.n`` / ``acc.micro_batches`` instead) or by the items counted with
+    usual per-micro-batch mean; do NOT divide it by ``n`` yourself: ``amp.backward`` warns once
+    when it sees ``loss / n``, and ``trainkit lint`` finds it in the source) or by the items counted with
     ``acc.add_items`` (``normalize="items"``; losses use ``reduction="sum"``). ``zero_grad()``
     is a no-op inside a window. On a normal exit a partial last window steps once more; when the
     block exits with an exception that partial window is discarded (its gradients are set to
@@ -298,11 +339,13 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None,
     if model is not None:
         hook = model.register_forward_pre_hook(acc.forward_pre_hook)
     p.gate = acc
+    _open.append(acc)
     ok = False
     try:
         yield acc
         ok = True
     finally:
+        _open.remove(acc)
         try:
             if ok:
                 acc.flush()

@@ -23,6 +23,7 @@ import contextlib
 from typing import Any, Iterator, Literal, Optional
 
 from ..patch import optimizer_patch
+from .accumulate import warn_if_divided
 from ..session import active as _active_session
 from .. import switches
 from ..recorder import PREFIX
@@ -60,6 +61,7 @@ class Amp:
 
             amp.backward(loss)
         """
+        warn_if_divided(loss)  # a second division by n inside tk.accumulate
         (self.scaler.scale(loss) if self._scaling() else loss).backward(**kwargs)
 
     def step(self, optimizer: Any, clip_grad_norm: Optional[float] = None) -> bool:
