@@ -19,7 +19,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from . import _env, timing
-from .recorder import Recorder
+from .recorder import STEP_END, STEP_TIME, Recorder
 
 _active: Optional["Session"] = None
 
@@ -193,8 +193,6 @@ class Session:
 
     def step_done(self, end: Any) -> None:
         """A real optimizer step ended at ``end`` (perf_counter, or a CUDA event)."""
-        from .recorder import STEP_END, STEP_TIME
-
         last = self._last_step_end
         step = self.step
         if isinstance(end, float):
