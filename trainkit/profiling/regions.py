@@ -28,6 +28,20 @@ def profiler_enabled() -> bool:
     return _profiler_enabled()
 
 
+def record_function(name: str) -> Any:
+    """A ``torch.profiler.record_function`` range; call it only while :func:`profiler_enabled`.
+
+    Example::
+
+        if profiler_enabled():
+            with record_function("trainkit/optimizer_step"):
+                optimizer.step()
+    """
+    import torch
+
+    return torch.profiler.record_function(name)
+
+
 def check_name(name: Any, what: str = "profile_region") -> str:
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"{what}({name!r}): name must be a non-empty str of letters, digits, '_', "
