@@ -21,7 +21,7 @@ import types
 import weakref
 from typing import Any, Callable, Iterator, Optional
 
-from . import session as _session
+from .session import active as _active_session
 from . import timing
 from .recorder import CLOSURE_MS, DATA_WAIT, ITEMS, UPDATE_MS
 from .profiling.regions import profiler_enabled, record_function
@@ -64,7 +64,7 @@ class OptimizerPatch:
         gate = self.gate
         if gate is not None and not gate.should_step():
             return None  # inside an accumulation window: gradients keep adding up
-        s = _session._active
+        s = _active_session()
         if s is None:
             return self.core(*args, **kwargs)
         closure_ms = [0.0]
@@ -132,6 +132,18 @@ def _patched_zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
     return p.zero_grad(*args, **kwargs)
 
 
+def _step_function(orig: Any) -> Any:
+    # A copy of _patched_step per optimizer, so it can carry the marker an LR scheduler created
+    # before the patch left on the step it wrapped: without it, the scheduler warns at its first
+    # step() that "optimizer.step() has been overridden after learning rate scheduler initialization".
+    fn = types.FunctionType(_patched_step.__code__, _patched_step.__globals__, "step",
+                            _patched_step.__defaults__, _patched_step.__closure__)
+    fn.__wrapped_step__ = True  # type: ignore[attr-defined]
+    if getattr(orig, "_wrapped_by_lr_sched", False):
+        fn._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    return fn
+
+
 def optimizer_patch(opt: Any) -> Optional[OptimizerPatch]:
     """The patch state of ``opt``, or None when it is not patched."""
     return opt.__dict__.get(_ATTR) if hasattr(opt, "__dict__") else None
@@ -142,7 +154,7 @@ def _patch_optimizer(opt: Any, *, compile: bool) -> Any:
     if p is None:
         p = OptimizerPatch(opt)
         opt.__dict__[_ATTR] = p
-        opt.step = types.MethodType(_patched_step, opt)
+        opt.step = types.MethodType(_step_function(p.orig_step), opt)
         opt.zero_grad = types.MethodType(_patched_zero_grad, opt)
         _patched.add(opt)
     if compile and not p.compiled:
@@ -157,10 +169,10 @@ def _unpatch_optimizer(opt: Any) -> Any:
     p = opt.__dict__.pop(_ATTR, None)
     if p is None:
         return opt
-    for name, saved, ours in (("step", p.saved_step, _patched_step),
-                              ("zero_grad", p.saved_zero_grad, _patched_zero_grad)):
-        current = opt.__dict__.get(name)
-        if getattr(current, "__func__", None) is ours:  # else a scheduler wraps us: we fall through
+    for name, saved in (("step", p.saved_step), ("zero_grad", p.saved_zero_grad)):
+        current = getattr(opt.__dict__.get(name), "__func__", None)
+        ours = current is _patched_zero_grad or getattr(current, "__wrapped_step__", False)
+        if ours:  # else an LR scheduler created since wraps us, and our step falls through
             if saved is _MISSING:
                 del opt.__dict__[name]
             else:
@@ -191,7 +203,7 @@ class PatchedLoader:
             except StopIteration:
                 return
             t1 = now()
-            s = _session._active
+            s = _active_session()
             if s is not None:
                 if s._last_step_end is None:  # the first step's time starts with its data
                     s._last_step_end = timing.cuda_event() if timing.cuda_in_use() else t0

@@ -13,7 +13,7 @@ import re
 from typing import Any, Dict, Iterator, Mapping, Optional
 
 from . import _env
-from . import session as _session
+from .session import active as _active_session
 
 BUILTIN = ("amp", "compile", "fused", "pin_memory", "num_workers", "set_to_none",
            "channels_last", "tf32", "cudnn_benchmark")
@@ -62,7 +62,7 @@ def technique(name: str, default: Any) -> Any:
     source = _in_process if _in_process is not None else _env_overrides()
     if name in source:
         value = source[name]
-    s = _session._active
+    s = _active_session()
     if s is not None:
         s.techniques[name] = value
     return value

@@ -9,7 +9,7 @@ import functools
 import re
 from typing import Any, Callable, Optional, TypeVar
 
-from .. import session as _session
+from ..session import active as _active_session
 from .. import timing
 from ..recorder import REGION
 
@@ -81,14 +81,14 @@ class profile_region:  # noqa: N801 - used like a function: `with tk.profile_reg
 
             self._rf = torch.profiler.record_function(self.name)
             self._rf.__enter__()
-        if _session._active is not None and timing.cuda_in_use():
+        if _active_session() is not None and timing.cuda_in_use():
             self._ev0 = timing.cuda_event()
         self._t0 = timing.now()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         t1 = timing.now()
-        s = _session._active
+        s = _active_session()
         if s is not None:
             if self._ev0 is not None:
                 s.record(self.tag, timing.PendingInterval(self._ev0, timing.cuda_event()))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-from .. import session as _session
+from ..session import active as _active_session
 from .. import timing
 from ..recorder import H2D_BYTES, H2D_MS, H2D_PINNED_BYTES
 
@@ -76,7 +76,7 @@ def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> 
     if non_blocking is not None and not isinstance(non_blocking, bool):
         raise TypeError(f"to_device(non_blocking={non_blocking!r}): must be True, False or None "
                         f"(None: asynchronous exactly when the source is pinned)")
-    s = _session._active
+    s = _active_session()
     if s is None:
         return _move(obj, dev, non_blocking, [0, 0])
     gpu = timing.cuda_in_use() and dev.type == "cuda"

@@ -1,0 +1,26 @@
+"""Tiny models and loops shared by the tests."""
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def mlp(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).to(dtype)
+
+
+def loader(n: int = 64, batch_size: int = 8, seed: int = 1) -> DataLoader:
+    g = torch.Generator().manual_seed(seed)
+    ds = TensorDataset(torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g))
+    return DataLoader(ds, batch_size=batch_size, shuffle=False)
+
+
+def train(model, opt, batches, *, log=None) -> None:
+    for x, y in batches:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if log is not None:
+            log("loss", loss)

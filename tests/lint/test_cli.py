@@ -1,0 +1,129 @@
+"""``python -m trainkit.lint`` in real subprocesses: output formats and exit codes."""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from tests.lint._helpers import FIXTURES, REPO_ROOT
+from trainkit.lint import cli
+
+BAD = "tests/lint/fixtures/bad"
+CLEAN = "tests/lint/fixtures/clean"
+LINE_RE = re.compile(r"^(?P<path>[^:]+):(?P<line>\d+): (?P<code>TK\d{3}) \[(error|warning|advice)\] .+; fix: .+$")
+
+
+def lint(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "trainkit.lint", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_clean_folder_exits_0_with_summary() -> None:
+    result = lint(CLEAN)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout == ""
+    assert re.match(r"^0 findings in 0 files \(\d+ files checked\)$", result.stderr.strip())
+
+
+def test_findings_exit_1_in_path_line_code_format() -> None:
+    result = lint(f"{BAD}/tk101_divide_after_backward.py", f"{BAD}/efficient_template.py")
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert all(LINE_RE.match(line) for line in lines), lines
+    heads = [line.split(" [")[0] for line in lines]
+    assert f"{BAD}/tk101_divide_after_backward.py:8: TK101" in heads
+    assert f"{BAD}/efficient_template.py:26: TK101" in heads
+    assert "tk.accumulate(n, optimizer)" in lines[heads.index(f"{BAD}/efficient_template.py:26: TK101")]
+    assert result.stderr.strip() == f"{len(lines)} findings in 2 files (2 files checked)"
+
+
+def test_json_format_parses_with_all_fields() -> None:
+    result = lint("--format", "json", f"{BAD}/tk201_scaler_step_without_update.py")
+    assert result.returncode == 1
+    data = json.loads(result.stdout)
+    assert data == [
+        {
+            "path": f"{BAD}/tk201_scaler_step_without_update.py",
+            "line": 11,
+            "col": 9,
+            "code": "TK201",
+            "severity": "error",
+            "message": data[0]["message"],
+            "fix": data[0]["fix"],
+        }
+    ]
+    assert "scaler.update()" in data[0]["fix"]
+    assert lint("--format", "json", CLEAN).stdout.strip() == "[]"
+
+
+def test_select_and_ignore_options() -> None:
+    target = f"{BAD}/efficient_template.py"
+    codes = lambda r: sorted({line.split(": ")[1].split()[0] for line in r.stdout.splitlines()})  # noqa: E731
+    assert codes(lint("--select", "TK1,TK301", target)) == ["TK101", "TK301"]
+    assert codes(lint("--ignore", "TK4,TK5", target)) == ["TK101", "TK301"]
+    result = lint("--select", "TK5", "--ignore", "TK501", target)
+    assert (result.returncode, codes(result)) == (1, ["TK502"])
+    assert lint("--select", "TK2", target).returncode == 0
+
+
+@pytest.mark.parametrize("option", ["--select", "--ignore"])
+def test_unknown_code_is_a_usage_error(option: str) -> None:
+    result = lint(option, "TK101,TK999", CLEAN)
+    assert result.returncode == 2
+    assert "'TK999'" in result.stderr and "TK101, TK102" in result.stderr
+
+
+def test_ignore_comment_via_cli(tmp_path: Path) -> None:
+    source = (FIXTURES / "bad" / "tk301_flush_every_step.py").read_text(encoding="utf-8")
+    target = tmp_path / "train.py"
+    target.write_text(source.replace("empty_cache()  # expect: TK301", "empty_cache()  # trainkit: ignore[TK301]"))
+    result = lint(str(target))
+    assert result.returncode == 1
+    assert [line.split(" [")[0] for line in result.stdout.splitlines()] == [f"{target}:15: TK301"]
+
+
+def test_syntax_error_exits_2_with_line_on_stderr(tmp_path: Path) -> None:
+    (tmp_path / "ok.py").write_text("import gc\nfor x in d:\n    x.backward()\n    gc.collect()\n")
+    (tmp_path / "broken.py").write_text("x = 1\n\nif x\n    pass\n")
+    result = lint(str(tmp_path))
+    assert result.returncode == 2
+    assert re.search(rf"^{re.escape(str(tmp_path / 'broken.py'))}:3: syntax error: ", result.stderr, re.MULTILINE)
+    # The readable file is still linted.
+    assert result.stdout.startswith(f"{tmp_path / 'ok.py'}:4: TK301 ")
+
+
+def test_missing_path_exits_2(tmp_path: Path) -> None:
+    result = lint(str(tmp_path / "missing.py"))
+    assert result.returncode == 2
+    assert "missing.py: no such file or directory" in result.stderr
+
+
+def test_no_paths_is_a_usage_error() -> None:
+    assert lint().returncode == 2
+
+
+def test_add_arguments_and_run_work_on_a_subcommand_parser(capsys: pytest.CaptureFixture) -> None:
+    # How trainkit's own CLI mounts the linter.
+    parser = argparse.ArgumentParser(prog="trainkit")
+    sub = parser.add_subparsers(dest="command").add_parser("lint")
+    cli.add_arguments(sub)
+    args = parser.parse_args(["lint", "--select", "TK402", str(FIXTURES / "bad" / "tk402_jit.py")])
+    assert cli.run(args) == 1
+    out: List[str] = capsys.readouterr().out.splitlines()
+    assert [line.split(": ")[1].split()[0] for line in out] == ["TK402"] * 3
+    # A hand-built Namespace with a raw, bad string is still rejected.
+    bad = argparse.Namespace(paths=[CLEAN], format="text", select="NOPE", ignore=None)
+    assert cli.run(bad) == 2
+    assert "'NOPE'" in capsys.readouterr().err
+
+
+def test_main_without_subprocess(capsys: pytest.CaptureFixture) -> None:
+    assert cli.main([str(FIXTURES / "clean")]) == 0
+    assert "0 findings" in capsys.readouterr().err

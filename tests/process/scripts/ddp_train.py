@@ -1,0 +1,30 @@
+"""Run by torchrun with 2 ranks: DDP(Linear(8, 2)) on gloo, STEPS steps under one trainkit session.
+
+Usage: torchrun ... ddp_train.py LOGDIR STEPS
+"""
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import trainkit as tk
+
+logdir, steps = sys.argv[1], int(sys.argv[2])
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(rank)
+model = DDP(torch.nn.Linear(8, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+data = [(torch.randn(4, 8), torch.randint(0, 2, (4,))) for _ in range(steps)]
+with tk.session(logdir=logdir, system_metrics=False) as s:
+    tk.patch(opt)
+    for x, y in tk.patch(data):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        s.log("loss", loss)
+    print(f"rank {rank} wrote {s.logdir}", flush=True)
+dist.destroy_process_group()

@@ -1,0 +1,192 @@
+"""Records survive the ways a training process ends: SIGTERM, SIGINT, an exception, SIGKILL.
+
+Each child trains Linear(8, 2) forever (scripts/train_forever.py) and prints ``step N LOSS T``
+once everything of step N has been recorded; the parent stops it and reads the event file back.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+import pytest
+
+from ._util import SCRIPTS, Child, event_files, read_scalars, steps_of
+
+STEP_TIME = "trainkit/step_time_ms"
+UPDATE = "trainkit/update_ms"
+SCRIPT = SCRIPTS / "train_forever.py"
+WAIT_STEP = 30
+
+
+def _start(logdir, flush_secs, mode, *extra) -> Child:
+    return Child([sys.executable, SCRIPT, logdir, str(flush_secs), mode, *extra])
+
+
+def _run_until_step(child: Child, n: int = WAIT_STEP) -> None:
+    child.wait_for(lambda line: line.startswith(f"step {n} "), timeout=90)
+
+
+def _assert_flushed(logdir, child: Child) -> int:
+    """Every step the child printed is in the event file, with its loss. Returns that count."""
+    printed = child.steps()
+    assert printed, f"child printed no step; stderr={child.stderr[-3000:]}"
+    n = printed[-1][0]
+    assert [p[0] for p in printed] == list(range(1, n + 1))
+    assert n >= WAIT_STEP
+
+    files = event_files(logdir)
+    assert len(files) == 1, files
+    scalars = read_scalars(logdir)
+
+    # Step N was fully recorded before "step N" was printed; only step N+1, in progress when the
+    # signal came, may or may not be there.
+    steps = steps_of(scalars, STEP_TIME)
+    assert steps[:n] == list(range(1, n + 1)), (steps[:5], steps[-5:], n)
+    assert len(steps) in (n, n + 1), (len(steps), n)
+    assert all(v > 0 for _, v in scalars[STEP_TIME])
+    assert steps_of(scalars, UPDATE)[:n] == list(range(1, n + 1))
+
+    losses = dict(scalars["loss"])
+    assert len(scalars["loss"]) == len(losses), "a step's loss was written twice"
+    assert set(losses) - {n + 1} == set(range(1, n + 1))
+    for step, loss, _ in printed:
+        assert losses[step] == pytest.approx(loss, rel=1e-6, abs=1e-7), step
+    return n
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_flushes_and_dies_by_sigterm(tmp_path):
+    logdir = tmp_path / "run"
+    # flush_secs=60: the writer thread never flushes by itself, only the SIGTERM handler can.
+    child = _start(logdir, 60, "plain")
+    try:
+        _run_until_step(child)
+        child.proc.send_signal(signal.SIGTERM)
+        rc = child.wait(60)
+    finally:
+        child.kill()
+    assert rc == -signal.SIGTERM, (rc, child.stderr[-3000:])
+    assert "Traceback" not in child.stderr, child.stderr[-3000:]
+    _assert_flushed(logdir, child)
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_runs_users_own_handler_after_flushing(tmp_path):
+    logdir = tmp_path / "run"
+    marker = tmp_path / "marker.txt"
+    child = _start(logdir, 60, "user_handler", marker)
+    try:
+        _run_until_step(child)
+        assert not marker.exists()
+        child.proc.send_signal(signal.SIGTERM)
+        rc = child.wait(60)
+    finally:
+        child.kill()
+    assert rc == 3, (rc, child.stderr[-3000:])
+    assert marker.read_text() == f"handled {int(signal.SIGTERM)}\n"
+    _assert_flushed(logdir, child)
+
+
+@pytest.mark.timeout(120)
+def test_sigint_uncaught_flushes_and_dies_by_sigint(tmp_path):
+    logdir = tmp_path / "run"
+    child = _start(logdir, 60, "plain")
+    try:
+        _run_until_step(child)
+        child.proc.send_signal(signal.SIGINT)
+        rc = child.wait(60)
+    finally:
+        child.kill()
+    # Since Python 3.8 an uncaught KeyboardInterrupt ends the interpreter by re-raising SIGINT
+    # with the default action, so the parent sees death by SIGINT (-2), not exit status 1.
+    assert sys.version_info >= (3, 8)
+    assert rc == -signal.SIGINT, (rc, child.stderr[-3000:])
+    assert "KeyboardInterrupt" in child.stderr, child.stderr[-3000:]
+    _assert_flushed(logdir, child)
+
+
+@pytest.mark.timeout(120)
+def test_sigint_caught_outside_session_flushes_and_exits_0(tmp_path):
+    logdir = tmp_path / "run"
+    child = _start(logdir, 60, "catch_kbi")
+    try:
+        _run_until_step(child)
+        child.proc.send_signal(signal.SIGINT)
+        rc = child.wait(60)
+    finally:
+        child.kill()
+    assert rc == 0, (rc, child.stderr[-3000:])
+    assert child.lines[-1] == "caught", child.lines[-3:]
+    assert "Traceback" not in child.stderr, child.stderr[-3000:]
+    _assert_flushed(logdir, child)
+
+
+@pytest.mark.timeout(120)
+def test_exception_propagates_unchanged_and_records_are_flushed(tmp_path):
+    import torch
+
+    import trainkit as tk
+
+    logdir = tmp_path / "run"
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = [(torch.randn(4, 8), torch.randint(0, 2, (4,))) for _ in range(5)]
+    error = ValueError("boom at step 5")
+    logged = []
+    try:
+        with pytest.raises(ValueError) as info:
+            with tk.session(logdir=logdir, flush_secs=60, system_metrics=False) as s:
+                tk.patch(opt)
+                for i, (x, y) in enumerate(tk.patch(data), start=1):
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad()
+                    s.log("loss", loss)
+                    logged.append(loss.item())
+                    if i == 5:
+                        raise error
+    finally:
+        tk.unpatch(opt)
+    assert info.value is error
+    assert info.value.__context__ is None and info.value.__cause__ is None
+    # The traceback ends at the user's `raise`, not somewhere in trainkit's exit code.
+    assert str(info.traceback[-1].statement).strip() == "raise error"
+    assert s.closed and tk.active() is None
+
+    scalars = read_scalars(logdir)
+    assert steps_of(scalars, STEP_TIME) == [1, 2, 3, 4, 5]
+    assert steps_of(scalars, UPDATE) == [1, 2, 3, 4, 5]
+    assert steps_of(scalars, "loss") == [1, 2, 3, 4, 5]
+    assert [v for _, v in scalars["loss"]] == pytest.approx(logged, rel=1e-6)
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_loses_at_most_the_last_flush_secs(tmp_path):
+    logdir = tmp_path / "run"
+    flush_secs = 0.5
+    child = _start(logdir, flush_secs, "plain")
+    try:
+        child.wait_for(lambda line: line.startswith("step 1 "), timeout=90)
+        time.sleep(3.0)
+        killed_at = time.monotonic()
+        child.proc.send_signal(signal.SIGKILL)
+        rc = child.wait(30)
+    finally:
+        child.kill()
+    assert rc == -signal.SIGKILL
+
+    printed = child.steps()
+    must = [step for step, _, t in printed if t <= killed_at - 3 * flush_secs]
+    # ~3 s of training at a few hundred steps/s: well over a second's worth must be safe.
+    assert len(must) >= 20, (len(must), len(printed))
+    assert must == list(range(1, len(must) + 1))
+
+    scalars = read_scalars(logdir)
+    steps = steps_of(scalars, STEP_TIME)
+    assert steps[:len(must)] == must, (steps[-3:], must[-3:])
+    # Nothing invented: the file holds no step the child had not finished.
+    assert len(steps) <= len(printed) + 1
+    assert steps == list(range(1, len(steps) + 1))

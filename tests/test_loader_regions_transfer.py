@@ -1,0 +1,192 @@
+"""tk.patch(loader), tk.profile_region and tk.to_device."""
+from __future__ import annotations
+
+import collections
+import time
+
+import pytest
+import torch
+
+import trainkit as tk
+from tests.conftest import scalars
+from tests.helpers import loader, mlp, train
+
+
+class SlowDataset(torch.utils.data.Dataset):
+    def __init__(self, n: int, delay: float) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        time.sleep(self.delay)
+        return torch.full((4,), float(i)), i % 2
+
+
+def test_patched_loader_keeps_len_attributes_and_epochs():
+    dl = loader(n=40, batch_size=8)
+    p = tk.patch(dl)
+    assert len(p) == 5 and p.dataset is dl.dataset and p.batch_size == 8
+    first = [x.clone() for x, _ in p]
+    second = [x.clone() for x, _ in p]
+    assert len(first) == len(second) == 5
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    assert tk.patch(p) is p and tk.unpatch(p) is dl
+
+
+def test_generator_source_without_len():
+    p = tk.patch(x for x in range(3))
+    with pytest.raises(TypeError):
+        len(p)
+    assert list(p) == [0, 1, 2]
+
+
+def test_data_wait_reflects_a_slow_dataset(tmp_path):
+    model = mlp()
+    opt = torch.optim.SGD(torch.nn.Linear(4, 2).parameters(), lr=0.1)
+    ds = SlowDataset(12, delay=0.01)
+    with tk.session(logdir=tmp_path):
+        tk.patch(opt)
+        for x, y in tk.patch(torch.utils.data.DataLoader(ds, batch_size=4)):
+            opt.step()
+    got = scalars(tmp_path)
+    waits = [v for _, v in got["trainkit/data_wait_ms"]]
+    assert len(waits) == 3 and all(v >= 40 for v in waits)  # 4 items x 10 ms each
+    assert [v for _, v in got["trainkit/samples_per_s"]] == pytest.approx(
+        [4 / (ms / 1e3) for _, ms in got["trainkit/step_time_ms"]], rel=1e-4)
+    del model
+
+
+def test_items_from_dicts_and_nested_batches(tmp_path):
+    batches = [{"ids": torch.zeros(5, 3), "mask": torch.zeros(7)}, ([torch.zeros(2, 1)], 0)]
+    with tk.session(logdir=tmp_path):
+        for _ in tk.patch(batches):
+            time.sleep(0.002)
+    got = scalars(tmp_path)
+    # No optimizer patched: each batch is a step, and items come from the first tensor.
+    sps = dict(got["trainkit/samples_per_s"])
+    assert [st for st, _ in got["trainkit/data_wait_ms"]] == [1, 2]
+    assert set(sps) <= {1, 2}
+    steps = dict(got["trainkit/step_time_ms"])
+    for st, v in sps.items():
+        assert v == pytest.approx({1: 5, 2: 2}[st] / (steps[st] / 1e3), rel=1e-4)
+
+
+def test_accumulated_batches_add_up_within_a_step(tmp_path):
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with tk.session(logdir=tmp_path):
+        tk.patch(opt)
+        for i, (x, y) in enumerate(tk.patch(loader(n=64, batch_size=8))):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            if i % 4 == 3:
+                opt.step()
+                opt.zero_grad()
+    got = scalars(tmp_path)
+    assert [st for st, _ in got["trainkit/step_time_ms"]] == [1, 2]
+    for (_, sps), (_, ms) in zip(got["trainkit/samples_per_s"], got["trainkit/step_time_ms"]):
+        assert sps == pytest.approx(32 / (ms / 1e3), rel=1e-4)
+
+
+def test_region_context_manager_and_decorator(tmp_path):
+    calls = []
+
+    @tk.profile_region("helper")
+    def helper(v):
+        """Doc kept."""
+        calls.append(v)
+        time.sleep(0.005)
+        return v * 2
+
+    assert helper.__doc__ == "Doc kept." and helper.__name__ == "helper"
+    with tk.session(logdir=tmp_path):
+        with tk.profile_region("outer"):
+            assert helper(2) == 4
+            assert helper(3) == 6
+    got = scalars(tmp_path)
+    assert got["trainkit/region/helper_ms"][0][1] >= 10  # two calls in one step add up
+    assert got["trainkit/region/outer_ms"][0][1] >= got["trainkit/region/helper_ms"][0][1]
+    assert calls == [2, 3]
+
+
+def test_region_exception_still_records_and_propagates(tmp_path):
+    with tk.session(logdir=tmp_path):
+        with pytest.raises(KeyError):
+            with tk.profile_region("fails"):
+                raise KeyError("x")
+    assert len(scalars(tmp_path)["trainkit/region/fails_ms"]) == 1
+
+
+def test_region_appears_in_profiler_trace_only_while_profiling():
+    from torch.profiler import ProfilerActivity, profile
+
+    with tk.profile_region("not_traced"):
+        torch.ones(3).sum()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with tk.profile_region("traced_block"):
+            torch.ones(3).sum()
+    names = {e.name for e in prof.events()}
+    assert "traced_block" in names and "not_traced" not in names
+
+
+@pytest.mark.parametrize("bad", ["", "a b", 3, None, "x//y", "/x"])
+def test_region_name_validation(bad):
+    with pytest.raises(ValueError, match="profile_region"):
+        tk.profile_region(bad)
+
+
+def test_region_decorates_only_callables():
+    with pytest.raises(TypeError, match="decorates a function"):
+        tk.profile_region("x")(42)
+
+
+Pair = collections.namedtuple("Pair", "x y")
+
+
+def test_to_device_nested_structures_and_bytes(tmp_path):
+    batch = {"a": (torch.ones(2, 3), [torch.zeros(4, dtype=torch.float64), "text", 7]),
+             "b": Pair(torch.ones(5, dtype=torch.int8), None)}
+    with tk.session(logdir=tmp_path):
+        out = tk.to_device(batch, "meta")
+    assert out["a"][0].device.type == "meta" and out["a"][1][0].device.type == "meta"
+    assert out["a"][1][1:] == ["text", 7]
+    assert isinstance(out["b"], Pair) and out["b"].x.device.type == "meta" and out["b"].y is None
+    got = scalars(tmp_path)
+    nbytes = 2 * 3 * 4 + 4 * 8 + 5
+    ms = got["trainkit/h2d_ms"][0][1]
+    assert got["trainkit/h2d_GBps"][0][1] == pytest.approx(nbytes / (ms / 1e3) / 1e9, rel=1e-3)
+    assert got["trainkit/h2d_pinned_pct"] == [(1, 0.0)]  # nothing was pinned
+
+
+def test_to_device_same_device_is_free_and_records_nothing(tmp_path):
+    x = torch.ones(3)
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        assert tk.to_device(x, "cpu") is x
+    assert "trainkit/h2d_ms" not in scalars(tmp_path)
+
+
+@pytest.mark.parametrize("device, exc, text", [
+    ("gpu", ValueError, "'gpu'"), (1.5, TypeError, "1.5"), (True, TypeError, "True")])
+def test_to_device_bad_device(device, exc, text):
+    with pytest.raises(exc, match=text):
+        tk.to_device(torch.ones(1), device)
+
+
+def test_to_device_bad_non_blocking():
+    with pytest.raises(TypeError, match="non_blocking='yes'"):
+        tk.to_device(torch.ones(1), "cpu", non_blocking="yes")
+
+
+@pytest.mark.cuda
+def test_to_device_pinned_copies_are_async_and_timed_on_gpu(tmp_path):
+    x = torch.ones(1024, 1024).pin_memory()
+    y = torch.ones(1024, 1024)
+    with tk.session(logdir=tmp_path):
+        torch.zeros(1, device="cuda")
+        out = tk.to_device((x, y), "cuda")
+        torch.cuda.synchronize()
+    assert out[0].is_cuda and out[1].is_cuda
+    got = scalars(tmp_path)
+    assert got["trainkit/h2d_pinned_pct"][0][1] == pytest.approx(50.0)
+    assert got["trainkit/h2d_GBps"][0][1] > 0.1

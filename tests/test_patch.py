@@ -1,0 +1,187 @@
+"""tk.patch / tk.unpatch on optimizers: bit-identical results, schedulers, pickling, closures."""
+from __future__ import annotations
+
+import copy
+import pickle
+import warnings
+
+import pytest
+import torch
+
+import trainkit as tk
+from tests.conftest import scalars
+from tests.helpers import loader, mlp, train
+
+
+def _params(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    lambda p: torch.optim.Adam(p, lr=1e-2),
+    lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
+])
+def test_patched_step_is_bit_identical(tmp_path, make):
+    a, b = mlp(), mlp()
+    opt_a, opt_b = make(a.parameters()), make(b.parameters())
+    with tk.session(logdir=tmp_path):
+        tk.patch(opt_a)
+        train(a, opt_a, tk.patch(loader()))
+    train(b, opt_b, loader())
+    for pa, pb in zip(_params(a), _params(b)):
+        assert torch.equal(pa, pb)
+    assert len(scalars(tmp_path)["trainkit/update_ms"]) == 8
+
+
+def _closure_run(model, opt, batches):
+    for x, y in batches:
+        def closure():
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            return loss
+        opt.step(closure)
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.LBFGS(p, lr=0.5, max_iter=4),
+    lambda p: torch.optim.SGD(p, lr=0.1),
+])
+def test_closure_steps_are_bit_identical_and_timed_apart(tmp_path, make):
+    a, b = mlp(), mlp()
+    opt_a, opt_b = make(a.parameters()), make(b.parameters())
+    with tk.session(logdir=tmp_path):
+        tk.patch(opt_a)
+        _closure_run(a, opt_a, loader(n=32))
+    _closure_run(b, opt_b, loader(n=32))
+    for pa, pb in zip(_params(a), _params(b)):
+        assert torch.equal(pa, pb)
+    got = scalars(tmp_path)
+    assert len(got["trainkit/closure_ms"]) == 4 and len(got["trainkit/update_ms"]) == 4
+    assert all(v > 0 for _, v in got["trainkit/closure_ms"])
+
+
+def test_closure_keyword_form(tmp_path):
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = next(iter(loader()))
+    calls = []
+
+    def closure():
+        calls.append(1)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+
+    with tk.session(logdir=tmp_path):
+        tk.patch(opt)
+        out = opt.step(closure=closure)
+    assert calls == [1] and out is not None
+    assert len(scalars(tmp_path)["trainkit/closure_ms"]) == 1
+
+
+def test_idempotent_and_unpatch_restores(tmp_path):
+    opt = torch.optim.SGD(mlp().parameters(), lr=0.1)
+    assert tk.patch(opt) is opt
+    first = opt.step
+    assert tk.patch(opt) is opt and opt.step == first
+    assert tk.unpatch(opt) is opt
+    assert "step" not in opt.__dict__ and "zero_grad" not in opt.__dict__
+    with tk.session(logdir=tmp_path):
+        opt.step()
+    assert "trainkit/update_ms" not in scalars(tmp_path)
+    assert tk.unpatch(opt) is opt  # unpatching twice is harmless
+
+
+def test_state_dict_deepcopy_and_pickle_as_unpatched():
+    model = mlp()
+    plain = torch.optim.Adam(mlp().parameters(), lr=1e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    train(model, opt, loader(n=16))
+    train(mlp(), plain, loader(n=16))
+    before = opt.state_dict()
+    tk.patch(opt)
+    after = opt.state_dict()
+    assert after.keys() == before.keys() and after["param_groups"] == before["param_groups"]
+    for k in before["state"]:
+        for name, t in before["state"][k].items():
+            assert torch.equal(t, after["state"][k][name])
+    dup = copy.deepcopy(opt)
+    assert "step" not in dup.__dict__ and "_trainkit_patch" not in dup.__dict__
+    dup.step()  # a working, unpatched optimizer
+    clone = pickle.loads(pickle.dumps(opt))
+    assert "_trainkit_patch" not in clone.__dict__
+    assert clone.state_dict()["param_groups"] == before["param_groups"]
+    assert "step" in opt.__dict__  # the original is still patched
+    tk.unpatch(opt)
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_lr_schedulers_behave_as_unpatched(tmp_path, when):
+    def run(patch_it):
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        if patch_it and when == "before":
+            tk.patch(opt)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.5, total_steps=20)
+        if patch_it and when == "after":
+            tk.patch(opt)
+        lrs = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # e.g. "lr_scheduler.step() before optimizer.step()"
+            for _ in range(2):
+                for x, y in loader(n=64):
+                    torch.nn.functional.cross_entropy(model(x), y).backward()
+                    opt.step()
+                    opt.zero_grad()
+                    sched.step()
+                    lrs.append(opt.param_groups[0]["lr"])
+        return lrs[:20], _params(model), opt
+
+    with tk.session(logdir=tmp_path):
+        lrs, params, opt = run(True)
+    ref_lrs, ref_params, _ = run(False)
+    assert lrs == ref_lrs
+    for a, b in zip(params, ref_params):
+        assert torch.equal(a, b)
+    # No patched loader: the first step has no start to measure from.
+    assert [st for st, _ in scalars(tmp_path)["trainkit/step_time_ms"]] == list(range(2, 17))
+    tk.unpatch(opt)
+    opt.step()  # still works after unpatching, even when a scheduler wrapped our step
+
+
+def test_second_optimizer_adds_update_time_but_not_steps(tmp_path):
+    g, d = mlp(0), mlp(1)
+    opt_g = tk.patch(torch.optim.SGD(g.parameters(), lr=0.1))
+    opt_d = tk.patch(torch.optim.SGD(d.parameters(), lr=0.1))
+    with tk.session(logdir=tmp_path):
+        for x, y in loader(n=32):
+            for m, o in ((g, opt_g), (d, opt_d)):
+                torch.nn.functional.cross_entropy(m(x), y).backward()
+                o.step()
+                o.zero_grad()
+    assert [st for st, _ in scalars(tmp_path)["trainkit/step_time_ms"]] == [2, 3, 4]
+    tk.unpatch(opt_g), tk.unpatch(opt_d)
+
+
+@pytest.mark.parametrize("bad, text", [
+    (42, "got int"),
+    ("abc", "got str"),
+    ({"a": 1}, "got dict"),
+    (torch.nn.Linear(2, 2), "a model"),
+    (torch.ones(3), "got Tensor"),
+])
+def test_patch_refuses_what_it_cannot_patch(bad, text):
+    with pytest.raises(TypeError, match=text) as info:
+        tk.patch(bad)
+    assert "tk.patch(optimizer)" in str(info.value)
+
+
+def test_patch_compile_flag_must_be_bool_and_only_for_optimizers():
+    opt = torch.optim.SGD(mlp().parameters(), lr=0.1)
+    with pytest.raises(TypeError, match="compile='yes'"):
+        tk.patch(opt, compile="yes")
+    assert "step" not in opt.__dict__
+    with pytest.raises(TypeError, match="optimizers only"):
+        tk.patch([1, 2], compile=True)

@@ -1,0 +1,176 @@
+"""The session recorder: event files read back, lazy logging, bad input, lifecycle."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import trainkit as tk
+from tests.conftest import scalars
+from tests.helpers import loader, mlp, train
+
+
+def test_loop_records_every_step_in_tensorboard(tmp_path):
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with tk.session(logdir=tmp_path) as s:
+        tk.patch(opt)
+        batches = tk.patch(loader(n=80, batch_size=8))
+        for x, y in batches:
+            with tk.profile_region("forward"):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            with tk.profile_region("backward"):
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+            s.log("loss", loss)
+    got = scalars(tmp_path)
+    steps = list(range(1, 11))
+    for tag in ("trainkit/step_time_ms", "trainkit/data_wait_ms", "trainkit/samples_per_s",
+                "trainkit/update_ms", "trainkit/region/forward_ms", "trainkit/region/backward_ms", "loss"):
+        assert [st for st, _ in got[tag]] == steps, tag
+        assert all(v >= 0 for _, v in got[tag]), tag
+    # samples/s is the batch's items over that step's wall time.
+    for (_, sps), (_, ms) in zip(got["trainkit/samples_per_s"], got["trainkit/step_time_ms"]):
+        assert sps == pytest.approx(8 / (ms / 1e3), rel=1e-4)
+    # A step's time covers its parts.
+    for (_, ms), (_, fw), (_, bw) in zip(got["trainkit/step_time_ms"], got["trainkit/region/forward_ms"],
+                                          got["trainkit/region/backward_ms"]):
+        assert ms >= fw + bw
+    for tag in ("trainkit/system/cpu_percent", "trainkit/system/rss_MB", "trainkit/memory/peak_MB"):
+        assert got[tag], tag
+    assert got["trainkit/memory/peak_MB"][-1][1] >= got["trainkit/system/rss_MB"][-1][1] * 0.5
+
+
+def test_logged_tensor_values_are_the_losses(tmp_path):
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    expected = []
+    with tk.session(logdir=tmp_path) as s:
+        tk.patch(opt)
+        train(model, opt, tk.patch(loader(n=32)), log=lambda n, v: (s.log(n, v), expected.append(v.item())))
+        s.log("epoch/metric", 0.25, step=100)
+    got = scalars(tmp_path)
+    assert [v for _, v in got["loss"]] == pytest.approx(expected, rel=1e-6)
+    assert got["epoch/metric"] == [(100, 0.25)]
+
+
+def test_values_logged_twice_in_a_step_are_averaged_and_times_summed(tmp_path):
+    with tk.session(logdir=tmp_path) as s:
+        s.log("loss", 1.0)
+        s.log("loss", 3.0)
+        s.record("trainkit/region/x_ms", 2.0)
+        s.record("trainkit/region/x_ms", 5.0)
+    got = scalars(tmp_path)
+    assert got["loss"] == [(1, 2.0)]
+    assert got["trainkit/region/x_ms"] == [(1, 7.0)]
+
+
+def test_usable_without_with_and_close_twice(tmp_path):
+    s = tk.session(logdir=tmp_path, system_metrics=False)
+    assert tk.active() is s
+    s.log("x", 1)
+    s.close()
+    s.close()
+    assert tk.active() is None and s.closed
+    assert scalars(tmp_path)["x"] == [(1, 1.0)]
+    assert "trainkit/system/rss_MB" not in scalars(tmp_path)
+
+
+def test_exception_propagates_unchanged_and_records_survive(tmp_path):
+    err = RuntimeError("boom")
+    with pytest.raises(RuntimeError) as info:
+        with tk.session(logdir=tmp_path) as s:
+            s.log("before", 7.0)
+            raise err
+    assert info.value is err
+    assert scalars(tmp_path)["before"] == [(1, 7.0)]
+
+
+def test_one_session_at_a_time(tmp_path):
+    with tk.session(logdir=tmp_path / "a") as s:
+        with pytest.raises(RuntimeError, match="already active"):
+            tk.session(logdir=tmp_path / "b")
+        assert tk.active() is s
+    assert not (tmp_path / "b").exists()  # refused before anything was created
+
+
+def test_logdir_that_is_a_file_is_refused_before_anything_starts(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ValueError, match=r"is a file.*pass a folder"):
+        tk.session(logdir=f)
+    assert tk.active() is None
+
+
+def test_logdir_that_cannot_be_created_is_refused(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ValueError, match="cannot create the folder"):
+        tk.session(logdir=f / "sub")
+    with pytest.raises(ValueError, match="cannot create"):
+        tk.session(logdir="/proc/trainkit-nope")
+
+
+@pytest.mark.parametrize("kwargs, exc, text", [
+    ({"logdir": 42}, TypeError, "logdir=42"),
+    ({"log_every": 0}, ValueError, "log_every=0"),
+    ({"flush_secs": -1}, ValueError, "flush_secs=-1"),
+    ({"flush_secs": float("nan")}, ValueError, "flush_secs=nan"),
+    ({"system_metrics": "yes"}, TypeError, "system_metrics='yes'"),
+    ({"profile": {"wait": 1}}, TypeError, "ProfileSchedule"),
+])
+def test_bad_session_arguments(tmp_path, kwargs, exc, text):
+    kwargs.setdefault("logdir", tmp_path / "run")
+    with pytest.raises(exc, match=text):
+        tk.session(**kwargs)
+    assert tk.active() is None
+
+
+def test_bad_log_calls(tmp_path):
+    with tk.session(logdir=tmp_path) as s:
+        with pytest.raises(ValueError, match=r"shape \(2,\).*t.mean\(\)"):
+            s.log("loss", torch.ones(2))
+        with pytest.raises(TypeError, match="name must be a non-empty str"):
+            s.log("", 1.0)
+        with pytest.raises(TypeError, match="value must be a number"):
+            s.log("x", "high")
+        with pytest.raises(ValueError, match="step=-1"):
+            s.log("x", 1.0, step=-1)
+
+
+def test_rank_folder_under_torchrun_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with tk.session(logdir=tmp_path) as s:
+        s.log("x", 1.0)
+    assert s.logdir == os.path.join(str(tmp_path), "rank1")
+    assert scalars(tmp_path / "rank1")["x"] == [(1, 1.0)]
+
+
+def test_writer_thread_flushes_without_close(tmp_path):
+    """Records reach the file while the run goes on (what makes SIGKILL lose at most flush_secs)."""
+    import time
+
+    with tk.session(logdir=tmp_path, flush_secs=0.2, system_metrics=False) as s:
+        tk.patch(opt := torch.optim.SGD(mlp().parameters(), lr=0.1))
+        for _ in range(3):
+            opt.step()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            got = scalars(tmp_path)
+            if len(got.get("trainkit/update_ms", [])) == 3:
+                break
+            time.sleep(0.1)
+        assert [st for st, _ in got["trainkit/update_ms"]] == [1, 2, 3]
+    tk.unpatch(opt)
+
+
+def test_no_session_means_nothing_recorded_and_nothing_breaks(tmp_path):
+    model = mlp()
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    with tk.profile_region("forward"):
+        train(model, opt, tk.patch(loader(n=16)))
+    assert tk.to_device(torch.ones(2), "cpu").sum() == 2
+    assert list(tmp_path.iterdir()) == []

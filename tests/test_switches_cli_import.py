@@ -1,0 +1,93 @@
+"""tk.technique, the CLI entry points, and the promise that importing trainkit is cheap."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import trainkit as tk
+from tests.conftest import REPO, scalars
+from trainkit import switches
+
+
+def _env(**extra):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def test_technique_default_override_and_session_record(tmp_path):
+    assert tk.technique("amp", True) is True
+    with switches.overrides({"amp": False, "my_hook": 3}):
+        assert tk.technique("amp", True) is False
+        assert tk.technique("my_hook", 1) == 3
+        with tk.session(logdir=tmp_path) as s:
+            tk.technique("num_workers", 4)
+            tk.technique("amp", True)
+        assert s.techniques == {"num_workers": 4, "amp": False}
+    assert tk.technique("amp", True) is True
+
+
+def test_technique_from_environment(monkeypatch):
+    monkeypatch.setenv("TRAINKIT_TECHNIQUES", '{"fused": false, "num_workers": 2}')
+    assert tk.technique("fused", True) is False and tk.technique("num_workers", 0) == 2
+    monkeypatch.setenv("TRAINKIT_TECHNIQUES", "not json")
+    with pytest.raises(ValueError, match="TRAINKIT_TECHNIQUES='not json' is not valid JSON"):
+        tk.technique("fused", True)
+    monkeypatch.setenv("TRAINKIT_TECHNIQUES", "[1]")
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        tk.technique("fused", True)
+
+
+@pytest.mark.parametrize("bad", [3, "", "has space", None])
+def test_technique_bad_name(bad):
+    with pytest.raises(TypeError, match=r"technique\(") as info:
+        tk.technique(bad, True)
+    assert repr(bad) in str(info.value)
+
+
+def test_overrides_refuses_non_mapping():
+    with pytest.raises(TypeError, match="mapping"):
+        with switches.overrides([("amp", False)]):
+            pass
+
+
+def test_import_is_cheap():
+    code = ("import sys, trainkit; heavy = [m for m in ('torch', 'tensorboard', 'matplotlib', 'rich', "
+            "'numpy', 'psutil') if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True,
+                         cwd=REPO, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def _cli(*args, cwd=REPO, timeout=120):
+    return subprocess.run([sys.executable, "-m", "trainkit", *args], env=_env(), capture_output=True,
+                          text=True, cwd=cwd, timeout=timeout)
+
+
+def test_cli_help_and_usage_errors():
+    out = _cli("--help")
+    assert out.returncode == 0 and "demo" in out.stdout and "lint" in out.stdout
+    assert _cli().returncode == 2
+    bad = _cli("frobnicate")
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
+    bad = _cli("demo", "--epochs", "0", "--no-progress")
+    assert bad.returncode == 2 and "epochs=0" in bad.stderr
+
+
+def test_cli_demo_writes_a_tensorboard_run(tmp_path):
+    logdir = tmp_path / "demo"
+    out = _cli("demo", "--logdir", str(logdir), "--epochs", "1", "--train-size", "320",
+               "--no-progress", cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert f"TensorBoard run: {logdir}" in out.stdout
+    assert f"tensorboard --logdir {tmp_path}" in out.stdout
+    got = scalars(logdir)
+    assert len(got["trainkit/step_time_ms"]) == 5 and len(got["loss"]) == 5
+    for tag in ("trainkit/region/forward_ms", "trainkit/region/backward_ms", "trainkit/samples_per_s",
+                "val/accuracy"):
+        assert tag in got, tag

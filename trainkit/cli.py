@@ -1,0 +1,86 @@
+"""The ``trainkit`` command: demo, lint, analyze.
+
+Exit status: 0 success, 1 findings or a failed check, 2 bad usage (argparse's own convention).
+Each subcommand's module is imported only when that subcommand runs, so ``trainkit --help`` and
+``trainkit lint`` never import torch.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Callable, Dict, List, Optional, Tuple
+
+# name -> (module with add_arguments(parser) and run(args) -> int, one-line help)
+_SUBCOMMANDS: Dict[str, Tuple[str, str]] = {
+    "demo": ("trainkit.cli", "train the built-in workload under trainkit and write a TensorBoard run"),
+    "lint": ("trainkit.lint.cli", "find known training-loop mistakes in Python files (no code is run)"),
+    "analyze": ("trainkit.profiling.cli", "findings from a session's records and traces"),
+}
+
+
+def _demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--logdir", help="run folder (default: runs/demo-<date>-<time>)")
+    p.add_argument("--epochs", type=int, default=2, help="passes over the data (default: 2)")
+    p.add_argument("--train-size", type=int, default=6400, help="training images (default: 6400)")
+    p.add_argument("--max-seconds", type=float, default=50.0,
+                   help="stop training after this long (default: 50)")
+    p.add_argument("--batch-size", type=int, default=64, help="batch size (default: 64)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _demo_run(args: argparse.Namespace) -> int:
+    from . import demo
+
+    try:
+        config = demo.DemoConfig(logdir=args.logdir, epochs=args.epochs, train_size=args.train_size,
+                                 batch_size=args.batch_size, max_seconds=args.max_seconds,
+                                 progress=not args.no_progress)
+    except ValueError as exc:
+        print(f"trainkit demo: {exc}", file=sys.stderr)
+        return 2
+    return demo.main(config)
+
+
+def _hooks(name: str) -> Tuple[Callable[[argparse.ArgumentParser], None],
+                               Callable[[argparse.Namespace], int]]:
+    if name == "demo":
+        return _demo_arguments, _demo_run
+    module = importlib.import_module(_SUBCOMMANDS[name][0])
+    return module.add_arguments, module.run
+
+
+def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trainkit",
+        description="Make hand-written PyTorch training loops fast, and show what made them fast.")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"trainkit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in _SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if only == name:  # `trainkit --help` imports no subcommand
+            _hooks(name)[0](p)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of the ``trainkit`` console script.
+
+    Example::
+
+        trainkit demo --epochs 1
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command if command in _SUBCOMMANDS else None)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    return int(_hooks(args.command)[1](args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

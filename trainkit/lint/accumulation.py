@@ -1,0 +1,96 @@
+"""TK1xx: gradient accumulation mistakes (wrong gradients, silently).
+
+Gradient accumulation runs ``backward()`` on N micro-batches and steps once.
+The gradients of the N backwards add up, so each loss must be divided by N
+*before* its backward, and the gradients must survive until the step.
+"""
+from __future__ import annotations
+
+import ast
+from typing import Iterator, Tuple
+
+from trainkit.lint._core import FileContext, TrainingLoop, find_modulo, method_name
+from trainkit.lint._loss import backward_operand, late_normalisation, loss_name, normalised_before
+from trainkit.lint._registry import Hit, rule
+
+_TK_ACCUMULATE = "or let trainkit do it: `with tk.accumulate(n, optimizer):` divides by the micro-batches actually in each window, a short last window included"
+
+
+def _accumulating_loops(ctx: FileContext) -> Iterator[Tuple[TrainingLoop, ast.Call, str]]:
+    """Each loop that steps under ``if ... % n ...``, its first such step, and ``n`` as written.
+
+    Loops inside trainkit's ``tk.accumulate(...)`` (or accelerate's ``accumulate``)
+    are left out: the helper normalises and zeroes for you.
+    """
+    for loop in ctx.training_loops:
+        for step in loop.step_calls:
+            guard = loop.modulo_guard(step)
+            if guard is not None and not ctx.inside_with(step, ("accumulate",)):
+                modulo = find_modulo(guard.test)
+                yield loop, step, ast.unparse(modulo.right) if modulo is not None else "N"
+                break
+
+
+@rule(
+    "TK101",
+    name="loss-normalised-after-backward",
+    severity="error",
+    summary="the loss is divided after its backward(), so the gradients are not divided",
+)
+def check_late_normalisation(ctx: FileContext) -> Iterator[Hit]:
+    """Flag ``loss.backward(); loss = loss / n``: the division comes too late to matter."""
+    for loop in ctx.training_loops:
+        for call in loop.backward_calls:
+            name = loss_name(backward_operand(call))
+            if normalised_before(loop, call, name):
+                continue  # dividing again afterwards (for logging) is harmless
+            late = late_normalisation(loop, call, name)
+            if late is not None:
+                yield Hit(
+                    late,
+                    f"`{ast.unparse(late)}` divides `{name}` after `{ast.unparse(call)}` on line {call.lineno}: "
+                    "the gradients were already computed from the undivided loss",
+                    f"move `{ast.unparse(late)}` before `{ast.unparse(call)}`; {_TK_ACCUMULATE}",
+                )
+
+
+@rule(
+    "TK102",
+    name="accumulation-without-normalisation",
+    severity="error",
+    summary="gradients accumulated over N micro-batches but the loss is never divided by N",
+)
+def check_unnormalised_accumulation(ctx: FileContext) -> Iterator[Hit]:
+    """Flag an accumulating loop (step under ``% n``) whose loss is never divided."""
+    for loop, step, every in _accumulating_loops(ctx):
+        for call in loop.backward_calls:
+            name = loss_name(backward_operand(call))
+            # A division after backward is TK101's finding: one mistake, one report.
+            if normalised_before(loop, call, name) or late_normalisation(loop, call, name) is not None:
+                continue
+            shown = name or ast.unparse(backward_operand(call) or call)
+            yield Hit(
+                call,
+                f"`{ast.unparse(call)}` accumulates gradients over `{every}` micro-batches "
+                f"(step on line {step.lineno}) but `{shown}` is never divided: the update is `{every}` times too large",
+                f"`{shown} = {shown} / {every}` before backward; {_TK_ACCUMULATE}",
+            )
+
+
+@rule(
+    "TK103",
+    name="zero-grad-every-micro-batch",
+    severity="error",
+    summary="zero_grad() runs every micro-batch in a loop that accumulates, so only the last micro-batch counts",
+)
+def check_zero_grad_every_micro_batch(ctx: FileContext) -> Iterator[Hit]:
+    """Flag an unconditional ``zero_grad()`` in a loop whose step is under ``% n``."""
+    for loop, step, every in _accumulating_loops(ctx):
+        for call in loop.calls:
+            if method_name(call) == "zero_grad" and not loop.is_conditional(call):
+                yield Hit(
+                    call,
+                    f"`{ast.unparse(call)}` runs on every micro-batch but the step (line {step.lineno}) "
+                    f"runs every `{every}`: the accumulated gradients are wiped, only the last micro-batch is used",
+                    f"move `{ast.unparse(call)}` under the same `if` as the step, right after it; {_TK_ACCUMULATE}",
+                )

@@ -1,0 +1,62 @@
+"""TK2xx: GradScaler misuse in mixed-precision loops (wrong or stalled updates)."""
+from __future__ import annotations
+
+import ast
+from typing import Iterator
+
+from trainkit.lint._core import FileContext, method_name, receiver
+from trainkit.lint._loss import backward_operand
+from trainkit.lint._registry import Hit, rule
+
+_TK_AMP = "or let trainkit do it: `with tk.autocast_scaled(scaler) as amp:` then `amp.backward(loss); amp.step(optimizer)` unscales, steps, updates and counts skipped steps"
+
+
+@rule(
+    "TK201",
+    name="scaler-step-without-update",
+    severity="error",
+    summary="scaler.step() without scaler.update() in the loop: the loss scale never adapts",
+)
+def check_step_without_update(ctx: FileContext) -> Iterator[Hit]:
+    """Flag ``scaler.step(opt)`` in a loop that never calls ``scaler.update()``."""
+    for loop in ctx.training_loops:
+        updated = {receiver(c) for c in loop.calls if method_name(c) == "update"}
+        for step in loop.step_calls:
+            name = receiver(step)
+            if ctx.is_scaler(name) and name not in updated:
+                yield Hit(
+                    step,
+                    f"`{ast.unparse(step)}` with no `{name}.update()` in the loop: after one overflow "
+                    "the scale never shrinks back, or never grows, and steps keep being skipped",
+                    f"call `{name}.update()` right after `{ast.unparse(step)}`; {_TK_AMP}",
+                )
+
+
+def _scaled_backward(ctx: FileContext, call: ast.Call) -> bool:
+    operand = backward_operand(call)
+    return isinstance(operand, ast.Call) and method_name(operand) == "scale" and ctx.is_scaler(receiver(operand))
+
+
+@rule(
+    "TK202",
+    name="scaled-backward-plain-step",
+    severity="error",
+    summary="scaler.scale(loss).backward() followed by a plain optimizer.step(): the step uses scaled gradients",
+)
+def check_plain_step_after_scaled_backward(ctx: FileContext) -> Iterator[Hit]:
+    """Flag ``optimizer.step()`` in a loop whose backward goes through ``scaler.scale(...)``."""
+    for loop in ctx.training_loops:
+        scaled = [c for c in loop.backward_calls if _scaled_backward(ctx, c)]
+        if not scaled:
+            continue
+        scaler = receiver(backward_operand(scaled[0]))  # type: ignore[arg-type]
+        for step in loop.step_calls:
+            name = receiver(step)
+            # ``if use_amp: scaled backward + scaler.step  else: plain backward + step`` is fine.
+            if ctx.is_optimizer(name) and not ctx.is_scaler(name) and not loop.exclusive(scaled[0], step):
+                yield Hit(
+                    step,
+                    f"`{ast.unparse(step)}` after `{ast.unparse(scaled[0])}` (line {scaled[0].lineno}): the gradients "
+                    "are still multiplied by the loss scale (65536 at first) and inf/NaN steps are not skipped",
+                    f"`{scaler}.step({name}); {scaler}.update()` instead of `{ast.unparse(step)}`; {_TK_AMP}",
+                )

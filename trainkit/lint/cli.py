@@ -1,0 +1,125 @@
+"""Command line of ``trainkit lint`` (also ``python -m trainkit.lint``).
+
+Exit status: 0 no findings, 1 findings, 2 usage error or a file that could not
+be linted (missing, unreadable, syntax error).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable, FrozenSet, List, Literal, Optional, Sequence
+
+from trainkit.lint import _api
+from trainkit.lint._registry import Finding, LintError
+
+Format = Literal["text", "json"]
+_FORMATS = ("text", "json")
+
+
+def _codes_argument(option: str) -> Callable[[str], FrozenSet[str]]:
+    """An argparse ``type=`` that validates codes, so a bad one is a usage error (exit 2)."""
+
+    def parse(value: str) -> FrozenSet[str]:
+        try:
+            return _api.parse_codes(value, option=option) or frozenset()
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``trainkit lint``'s arguments to ``parser`` (a subcommand parser or a fresh one).
+
+    Example::
+
+        sub = subparsers.add_parser("lint", help="find mistakes in training loops")
+        trainkit.lint.cli.add_arguments(sub)
+        # later: sys.exit(trainkit.lint.cli.run(args))
+    """
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="files or folders (folders: every *.py, recursively)")
+    parser.add_argument(
+        "--format", choices=_FORMATS, default="text", help="text (PATH:LINE: CODE message) or json (a list of objects)"
+    )
+    for option, example, verb in (("--select", "TK1,TK301", "run"), ("--ignore", "TK5", "skip")):
+        parser.add_argument(
+            option,
+            type=_codes_argument(option),
+            default=None,
+            metavar="CODES",
+            help=f"comma-separated codes or prefixes to {verb}, e.g. {example}",
+        )
+
+def _print_text(findings: List[Finding], checked: int) -> None:
+    for finding in findings:
+        print(finding.format())
+    files = len({f.path for f in findings})
+    print(
+        f"{len(findings)} finding{'s' * (len(findings) != 1)} in {files} file{'s' * (files != 1)} "
+        f"({checked} file{'s' * (checked != 1)} checked)",
+        file=sys.stderr,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Lint ``args.paths`` and print the findings.
+
+    Args:
+        args: Parsed arguments from a parser set up by :func:`add_arguments`.
+
+    Returns:
+        0 without findings, 1 with findings, 2 on a bad code or a file that
+        could not be linted (reported on stderr as ``PATH:LINE: syntax error: ...``).
+    """
+    fmt: Format = getattr(args, "format", "text")
+    select, ignore = getattr(args, "select", None), getattr(args, "ignore", None)
+    try:
+        # Values may be raw strings when the Namespace was built by hand.
+        _api.parse_codes(select, option="--select")
+        _api.parse_codes(ignore, option="--ignore")
+    except ValueError as exc:
+        print(f"trainkit lint: error: {exc}", file=sys.stderr)
+        return 2
+    findings: List[Finding] = []
+    failed = checked = 0
+    try:
+        files = list(_api.iter_python_files(args.paths))
+    except LintError as exc:
+        print(f"{exc.path}: {exc.reason}", file=sys.stderr)
+        return 2
+    for path in files:
+        try:
+            findings.extend(_api.lint_file(path, select=select, ignore=ignore))
+            checked += 1
+        except LintError as exc:
+            failed += 1
+            print(f"{exc.path}:{exc.line}: {exc.reason}", file=sys.stderr)
+    findings.sort(key=lambda f: (f.path, f.line, f.col, f.code))
+    if fmt == "json":
+        json.dump([f.to_dict() for f in findings], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_text(findings, checked)
+    if failed:
+        return 2
+    return 1 if findings else 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``python -m trainkit.lint``.
+
+    Example::
+
+        >>> main(["train.py", "--select", "TK1"])  # doctest: +SKIP
+        1
+    """
+    parser = argparse.ArgumentParser(
+        prog="trainkit lint", description="Find known mistakes in PyTorch training loops, without running them."
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,35 @@
+"""TK301: cache and garbage-collector flushes on every training step (slow)."""
+from __future__ import annotations
+
+import ast
+from typing import Iterator
+
+from trainkit.lint._core import FileContext
+from trainkit.lint._registry import Hit, rule
+
+_FLUSHES = {
+    "torch.cuda.empty_cache": "returns cached blocks to the driver, so the next step pays cudaMalloc again and syncs",
+    "torch.mps.empty_cache": "returns cached blocks to the driver, so the next step allocates again",
+    "torch.xpu.empty_cache": "returns cached blocks to the driver, so the next step allocates again",
+    "gc.collect": "walks every Python object each step (measured: a fine-tuning run went from 65 s to 108 s)",
+}
+
+
+@rule(
+    "TK301",
+    name="flush-every-step",
+    severity="warning",
+    summary="torch.cuda.empty_cache() or gc.collect() on every iteration of a training loop",
+)
+def check_flush_every_step(ctx: FileContext) -> Iterator[Hit]:
+    """Flag an unconditional ``empty_cache()`` / ``gc.collect()`` inside a training loop."""
+    for loop in ctx.training_loops:
+        for call in loop.calls:
+            qual = ctx.qualname(call.func)
+            if qual in _FLUSHES and not loop.is_conditional(call):
+                yield Hit(
+                    call,
+                    f"`{ast.unparse(call)}` on every training step {_FLUSHES[qual]}",
+                    "remove it (PyTorch's caching allocator reuses the memory); if memory really "
+                    "fragments, call it under a condition, e.g. once per epoch or after an OOM",
+                )

@@ -1,0 +1,1 @@
+"""Built-in workloads: small, self-contained training jobs that need no download."""
