@@ -185,3 +185,17 @@ def test_finding_is_frozen_and_validated():
         dataclasses.replace(f, severity="urgent")
     with pytest.raises(ValueError, match="share=-1"):
         dataclasses.replace(f, share=-1)
+
+
+@pytest.mark.cuda
+def test_item_every_step_on_a_gpu_is_a_host_sync_in_a_real_trace(logdir):
+    import torch
+
+    model = torch.nn.Linear(256, 256).cuda()
+    batches = [(torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda"))
+               for _ in range(8)]
+    train(logdir, model=model, loader=batches, each_step=lambda: float(model.weight.sum().item()),
+          profile=tk.ProfileSchedule(wait=2, warmup=1, active=3))
+    (name,) = [f for f in os.listdir(logdir) if ".pt.trace.json" in f]
+    f = by_code(tk.analyze(logdir), "TK103")
+    assert f.count >= 3, f
