@@ -23,31 +23,17 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import trainkit as tk  # noqa: E402
+from trainkit.workloads.loop import train_steps  # noqa: E402
 from trainkit.workloads.mnist import simple_cnn, synthetic_mnist  # noqa: E402
 
 
 def run(logdir: str, profile, steps: int, batches) -> list:
-    """Median-ready step times (s) of one session over ``steps`` steps after 3 warm-up steps."""
+    """Step times (s) of one session over ``steps`` steps, after 3 warm-up steps."""
     torch.manual_seed(0)
     model = simple_cnn()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    times = []
-    with tk.session(logdir=logdir, profile=profile, system_metrics=False) as s:
-        tk.patch(opt)
-        t0 = time.perf_counter()
-        for i, (x, y) in enumerate(tk.patch(batches[: steps + 3])):
-            with tk.profile_region("forward"):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-            with tk.profile_region("backward"):
-                loss.backward()
-            opt.step()
-            opt.zero_grad()
-            s.log("loss", loss)
-            t1 = time.perf_counter()
-            if i >= 3:
-                times.append(t1 - t0)
-            t0 = t1
-    return times
+    with tk.session(logdir=logdir, profile=profile, system_metrics=False):
+        return train_steps(model, opt, batches[: steps + 3])[3:]
 
 
 def bootstrap_ci(values, *, n=10_000, seed=0):

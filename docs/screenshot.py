@@ -45,22 +45,15 @@ class ItemByItem:
 def record_demo(logdir: str, *, steps: int = 40) -> None:
     import torch
 
+    from trainkit.workloads.loop import train_steps
     from trainkit.workloads.mnist import simple_cnn
 
     torch.manual_seed(0)
     model = simple_cnn()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loader = torch.utils.data.DataLoader(ItemByItem(64 * steps), batch_size=64)
-    with tk.session(logdir=logdir, profile=tk.ProfileSchedule(wait=5, warmup=1, active=3)) as s:
-        tk.patch(opt)
-        for x, y in tk.patch(loader):
-            with tk.profile_region("forward"):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-            with tk.profile_region("backward"):
-                loss.backward()
-            opt.step()
-            opt.zero_grad()
-            s.log("loss", loss)
+    with tk.session(logdir=logdir, profile=tk.ProfileSchedule(wait=5, warmup=1, active=3)):
+        train_steps(model, opt, loader)
 
 
 def screenshot(url: str, out: str) -> None:

@@ -11,31 +11,22 @@ import pytest
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 
 
-def train(logdir: str, *, steps: int = 12, profile: Any = None, batch: Callable[[int], Any] = None,
+def train(logdir: str, *, steps: int = 12, profile: Any = None,
           model: Any = None, optimizer: Optional[Callable[[Any], Any]] = None,
           each_step: Optional[Callable[[], None]] = None, loader: Any = None) -> None:
     """A tiny regression loop under a session; the keyword hooks plant the causes."""
     import torch
 
     import trainkit as tk
+    from trainkit.workloads.loop import train_steps
 
     torch.manual_seed(0)
     model = model or torch.nn.Linear(16, 1)
     opt = (optimizer or (lambda p: torch.optim.SGD(p, lr=0.01)))(model.parameters())
     if loader is None:
         loader = [(torch.randn(8, model.in_features), torch.randn(8, 1)) for _ in range(steps)]
-    with tk.session(logdir=logdir, profile=profile, system_metrics=False) as s:
-        tk.patch(opt)
-        for x, y in tk.patch(loader):
-            with tk.profile_region("forward"):
-                loss = torch.nn.functional.mse_loss(model(x), y)
-            with tk.profile_region("backward"):
-                loss.backward()
-            opt.step()
-            opt.zero_grad()
-            if each_step is not None:
-                each_step()
-            s.log("loss", loss)
+    with tk.session(logdir=logdir, profile=profile, system_metrics=False):
+        train_steps(model, opt, loader, loss_fn=torch.nn.functional.mse_loss, each_step=each_step)
 
 
 class SleepyDataset:

@@ -10,6 +10,9 @@ from ..finding import Finding, severity_for
 from ..runs import Run
 
 RECOMPILES = PREFIX + "compile/recompiles"
+#: The fix for pageable copies, whether the records or a trace found them.
+PAGEABLE_FIX = ("DataLoader(..., pin_memory=True) and x = tk.to_device(x, 'cuda') (non_blocking "
+                "when pinned), or x.pin_memory().to('cuda', non_blocking=True)")
 
 
 class Steps:
@@ -79,9 +82,7 @@ def pageable_copies(st: Steps) -> Optional[Finding]:
                  f"(not pinned): such copies are staged by the driver and cannot overlap compute; "
                  f"copies take {share:.0%} of step time",
         share=share, count=sum(1 for v in pinned if v < 90.0),
-        fix="DataLoader(..., pin_memory=True) and x = tk.to_device(x, 'cuda') (non_blocking when "
-            "pinned), or x.pin_memory().to('cuda', non_blocking=True)",
-        severity=severity_for(share, high=0.2, medium=0.05))
+        fix=PAGEABLE_FIX, severity=severity_for(share, high=0.2, medium=0.05))
 
 
 def optimizer_dominates(st: Steps) -> Optional[Finding]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Callable, List, Optional
 
 from ..finding import Finding, severity_for
+from .records import PAGEABLE_FIX
 from ..tracestats import TraceStats
 
 #: Host calls that wait for the GPU. ``.item()`` / ``.cpu()`` / printing a CUDA tensor end in one.
@@ -148,9 +149,7 @@ def pageable_memcpy(t: Traces) -> Optional[Finding]:
         evidence=f"{count} 'Memcpy HtoD (Pageable -> Device)' copies ({nbytes / 2**20:.1f} MiB) "
                  f"in {t.steps} profiled steps: staged by the driver, they cannot overlap compute",
         share=None, count=count,
-        fix="DataLoader(..., pin_memory=True) and x = tk.to_device(x, 'cuda') (non_blocking when "
-            "pinned), or x.pin_memory().to('cuda', non_blocking=True)",
-        severity="medium")
+        fix=PAGEABLE_FIX, severity="medium")
 
 
 RULES: List[Callable[[Traces], Optional[Finding]]] = [
