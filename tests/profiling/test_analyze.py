@@ -199,3 +199,11 @@ def test_item_every_step_on_a_gpu_is_a_host_sync_in_a_real_trace(logdir):
     (name,) = [f for f in os.listdir(logdir) if ".pt.trace.json" in f]
     f = by_code(tk.analyze(logdir), "TK103")
     assert f.count >= 3, f
+
+
+def test_trainkit_analyze_through_the_main_cli(tmp_path, capsys):
+    from trainkit.cli import main as trainkit_main
+
+    assert trainkit_main(["analyze", fixture_run(tmp_path, "gpu_empty_cache.pt.trace.json")]) == 1
+    assert "TK109" in capsys.readouterr().out
+    assert trainkit_main(["analyze", str(tmp_path / "missing")]) == 2
