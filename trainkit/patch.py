@@ -199,7 +199,11 @@ class PatchedLoader:
         while True:
             t0 = now()
             try:
-                batch = next(it)
+                if profiler_enabled():  # the wait shows as a named range in traces
+                    with record_function("trainkit/data_wait"):
+                        batch = next(it)
+                else:
+                    batch = next(it)
             except StopIteration:
                 return
             t1 = now()

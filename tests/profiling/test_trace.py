@@ -28,7 +28,16 @@ def test_one_trace_per_cycle_in_the_logdir_that_parses(logdir):
         steps = {n for n in labels if n.startswith("ProfilerStep#")}
         assert len(steps) == 2, labels
         # the trainkit stages and the user's regions are named in the trace
-        assert {"trainkit/optimizer_step", "forward", "backward"} <= labels
+        assert {"trainkit/optimizer_step", "trainkit/data_wait", "forward", "backward"} <= labels
+
+
+def test_to_device_is_named_in_traces(logdir):
+    import torch
+
+    train(logdir, steps=4, profile=tk.ProfileSchedule(wait=0, warmup=0, active=2),
+          each_step=lambda: tk.to_device(torch.ones(4), "meta"))
+    (name,) = _traces(logdir)
+    assert "trainkit/to_device" in {e.get("name") for e in read_trace(os.path.join(logdir, name))}
 
 
 def test_gzip_option_writes_compressed_traces(logdir):
