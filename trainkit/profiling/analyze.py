@@ -31,9 +31,12 @@ class RunReport:
     findings: Tuple[Finding, ...]
     traces: Tuple[str, ...]
     steps: int
+    #: False for a folder of event files that trainkit did not write (and no traces)
+    is_trainkit: bool = True
 
     def to_dict(self) -> Dict[str, Any]:
         return {"run": self.run, "breakdown": self.breakdown, "steps": self.steps,
+                "trainkit": self.is_trainkit,
                 "findings": [f.to_dict() for f in self.findings],
                 "traces": [os.path.basename(t) for t in self.traces]}
 
@@ -74,17 +77,7 @@ def analyze_run(logdir: str, folder: str) -> RunReport:
     found.sort(key=sort_key)
     steps = len(record_rules.Steps(run))
     return RunReport(run=run.name, breakdown=record_rules.breakdown(run), findings=tuple(found),
-                     traces=run.traces, steps=steps)
-
-
-def trainkit_runs(logdir: str) -> List[str]:
-    """The folders under ``logdir`` holding a trainkit run (records or traces)."""
-    out = []
-    for folder in find_runs(logdir):
-        run = load_run(logdir, folder)
-        if run.is_trainkit or run.traces:
-            out.append(folder)
-    return out
+                     traces=run.traces, steps=steps, is_trainkit=run.is_trainkit or bool(run.traces))
 
 
 def _check_logdir(logdir: Any) -> str:
@@ -116,14 +109,12 @@ def analyze(logdir: Union[str, "os.PathLike[str]"]) -> List[Finding]:
             print(f)
     """
     path = _check_logdir(logdir)
-    folders = trainkit_runs(path)
-    if not folders:
+    reports = [r for r in (analyze_run(path, f) for f in find_runs(path)) if r.is_trainkit]
+    if not reports:
         raise ValueError(
             f"analyze({path!r}): no trainkit run in {path!r}: no TensorBoard event file with "
             f"trainkit/ scalars and no *.pt.trace.json trace under it; record one with "
             f"tk.session(logdir={path!r}) around the training loop")
-    found: List[Finding] = []
-    for folder in folders:
-        found.extend(analyze_run(path, folder).findings)
+    found = [f for r in reports for f in r.findings]
     found.sort(key=sort_key)
     return found

@@ -64,9 +64,7 @@ class TabData:
             cached = self._reports.get(name)
             if cached is not None and cached[0] == sig:
                 return cached[1]
-        rep = analyze_run(self.logdir, folder)
-        out = rep.to_dict()
-        out["trainkit"] = bool(rep.steps or rep.traces or rep.breakdown)
+        out = analyze_run(self.logdir, folder).to_dict()
         out["ablation"] = _ablation(folder)
         with self._lock:
             self._reports[name] = (sig, out)
