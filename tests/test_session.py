@@ -174,3 +174,10 @@ def test_no_session_means_nothing_recorded_and_nothing_breaks(tmp_path):
         train(model, opt, tk.patch(loader(n=16)))
     assert tk.to_device(torch.ones(2), "cpu").sum() == 2
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_technique_overrides_leave_no_session_open(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINKIT_TECHNIQUES", '{"tf32": ')
+    with pytest.raises(ValueError, match="TRAINKIT_TECHNIQUES"):
+        tk.session(logdir=tmp_path)
+    assert tk.active() is None

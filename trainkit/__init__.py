@@ -21,6 +21,10 @@ from .profiling.regions import profile_region
 from .profiling.schedule import ProfileSchedule
 from .session import Session, active, session
 from .switches import technique
+from .techniques.accumulate import accumulate
+from .techniques.amp import autocast_scaled
+from .techniques.backends import channels_last
+from .techniques.compiled_step import compiled_step
 from .techniques.transfer import to_device
 
 __version__ = "0.1.0"
@@ -29,8 +33,12 @@ __all__ = [
     "Finding",
     "ProfileSchedule",
     "Session",
+    "accumulate",
     "active",
     "analyze",
+    "autocast_scaled",
+    "channels_last",
+    "compiled_step",
     "patch",
     "profile_region",
     "session",

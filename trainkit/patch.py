@@ -25,7 +25,7 @@ from .session import active as _active_session
 from . import timing
 from .recorder import CLOSURE_MS, DATA_WAIT, ITEMS, UPDATE_MS
 from .profiling.regions import profiler_enabled, record_function
-from .techniques.transfer import batch_items
+from .techniques.transfer import items_counter
 
 _ATTR = "_trainkit_patch"
 _MISSING = object()
@@ -50,6 +50,8 @@ class OptimizerPatch:
         #: the ``set_to_none`` technique's value for ``zero_grad()`` calls without arguments.
         self.set_to_none: Optional[bool] = None
         self.compiled = False
+        #: undoes what the ``fused`` technique changed (trainkit.techniques.fused), if anything.
+        self.undo_fused: Optional[Callable[[], None]] = None
         self._cuda: Optional[bool] = None
         self._opt = weakref.ref(opt)
 
@@ -157,6 +159,12 @@ def _patch_optimizer(opt: Any, *, compile: bool) -> Any:
         opt.step = types.MethodType(_step_function(p.orig_step), opt)
         opt.zero_grad = types.MethodType(_patched_zero_grad, opt)
         _patched.add(opt)
+        # Technique switches acting at the patch (trainkit.techniques.fused; set_to_none).
+        from .switches import technique
+        from .techniques import fused
+
+        p.set_to_none = bool(technique("set_to_none", True))
+        p.undo_fused = fused.apply(opt)
     if compile and not p.compiled:
         from .techniques.compiled_step import compile_core
 
@@ -178,6 +186,8 @@ def _unpatch_optimizer(opt: Any) -> Any:
             else:
                 opt.__dict__[name] = saved
     _patched.discard(opt)
+    if p.undo_fused is not None:
+        p.undo_fused()
     return opt
 
 
@@ -196,6 +206,7 @@ class PatchedLoader:
     def __iter__(self) -> Iterator[Any]:
         it = iter(self.source)
         now = timing.now
+        count = items_counter()
         while True:
             t0 = now()
             try:
@@ -213,8 +224,8 @@ class PatchedLoader:
                     s._last_step_end = timing.cuda_event() if timing.cuda_in_use() else t0
                 s._batch_step = s.step
                 s.record(DATA_WAIT, (t1 - t0) * 1e3)
-                found, n = batch_items(batch)
-                if found:
+                n = count(batch)
+                if n is not None:
                     s.record(ITEMS, float(n))
                 if not _patched:
                     s.step_done(timing.cuda_event() if timing.cuda_in_use() else t1)
@@ -266,7 +277,9 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
     if compile:
         raise TypeError("patch(loader, compile=True): compile applies to optimizers only, "
                         "e.g. tk.patch(optimizer, compile=True)")
-    return PatchedLoader(obj)
+    from .techniques.loader_options import rebuild  # pin_memory / num_workers overrides
+
+    return PatchedLoader(rebuild(obj))
 
 
 def unpatch(obj: Any) -> Any:

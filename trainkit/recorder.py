@@ -28,6 +28,8 @@ UPDATE_MS = PREFIX + "update_ms"
 REGION = PREFIX + "region/"
 GC_MS = PREFIX + "gc_ms"  # time in Python garbage collections during the step
 GC_FULL = PREFIX + "gc_full_collections"  # full (generation 2) collections, e.g. gc.collect()
+COMPILE_SECONDS = PREFIX + "compile/seconds"  # wall time of the calls that compiled
+COMPILE_RECOMPILES = PREFIX + "compile/recompiles"  # running count
 # Internal tags (never written as such): inputs of derived rates, and a step's end time.
 ITEMS = "_items"
 H2D_BYTES = "_h2d_bytes"
@@ -38,8 +40,8 @@ STEP_END = "_t"
 # closure calls of LBFGS); anything else a step records more than once is averaged (the losses
 # of the micro-batches of one accumulation window give the window's loss).
 _SUMMED = (DATA_WAIT, H2D_MS, CLOSURE_MS, UPDATE_MS, ITEMS, H2D_BYTES, H2D_PINNED_BYTES,
-           GC_MS, GC_FULL, PREFIX + "amp/skipped_steps_in_step")
-_LAST = (STEP_END, PREFIX + "amp/scale", PREFIX + "compile/recompiles", PREFIX + "amp/skipped_steps")
+           GC_MS, GC_FULL, PREFIX + "amp/skipped_steps_in_step", COMPILE_SECONDS)
+_LAST = (STEP_END, PREFIX + "amp/scale", COMPILE_RECOMPILES, PREFIX + "amp/skipped_steps")
 
 Record = Tuple[str, int, Any]
 
@@ -53,8 +55,8 @@ def _combine(tag: str, values: List[float]) -> float:
 
 
 def derive(values: Dict[str, float]) -> Dict[str, float]:
-    """Replace the internal tags of one step by the rates they feed."""
-    out = {k: v for k, v in values.items() if not k.startswith("_")}
+    """Replace the internal tags of one step by the rates they feed (in place)."""
+    out = values
     step_ms = values.get(STEP_TIME)
     items = values.get(ITEMS)
     if step_ms and items:
@@ -65,6 +67,8 @@ def derive(values: Dict[str, float]) -> Dict[str, float]:
         out[H2D_GBPS] = nbytes / (copy_ms / 1e3) / 1e9
     if nbytes:
         out[H2D_PINNED_PCT] = 100.0 * values.get(H2D_PINNED_BYTES, 0.0) / nbytes
+    for internal in (ITEMS, H2D_BYTES, H2D_PINNED_BYTES, STEP_END):
+        out.pop(internal, None)
     return out
 
 
@@ -113,27 +117,39 @@ class Recorder:
                 return
 
     def flush(self, *, final: bool) -> None:
-        """Write every completed step (every step, waiting for the GPU, when ``final``)."""
+        """Write every completed step (every step, waiting for the GPU, when ``final``).
+
+        This runs in the writer thread while the training thread waits for the GIL now and then,
+        so it is written for speed: one pass over the records, floats taken as they are.
+        """
         with self._lock:
             buf, opened = self.buf, self._open
-            while buf:
-                tag, step, value = buf.popleft()
-                opened.setdefault(step, {}).setdefault(tag, []).append(value)
+            pop = buf.popleft
+            for _ in range(len(buf)):
+                tag, step, value = pop()
+                tags = opened.get(step)
+                if tags is None:
+                    tags = opened[step] = {}
+                values = tags.get(tag)
+                if values is None:
+                    tags[tag] = [value]
+                else:
+                    values.append(value)
+            write = self.writer.write_scalars
             for step in sorted(opened):
                 if not final and step > self.completed:
                     break
                 tags = opened[step]
-                if not final and not all(_ready(v) for vs in tags.values() for v in vs):
+                combined = _combine_step(tags, final)
+                if combined is None:
                     break  # the GPU has not got there yet; keep steps in order
-                combined = {tag: _combine(tag, [_resolve(v, final) for v in vs])
-                            for tag, vs in tags.items()}
                 end = combined.get(STEP_END)
                 wall = None if end is None else self._wall0 + (end - self._perf0)
-                self.writer.write_scalars(step=step, values=derive(combined), wall_time=wall)
+                write(step=step, values=derive(combined), wall_time=wall)
                 del opened[step]
             if self._sample is not None and (final or timing.now() >= self._next_sample):
                 self._next_sample = timing.now() + self._sample_secs
-                self.writer.write_scalars(step=self.completed, values=self._sample())
+                write(step=self.completed, values=self._sample())
             self.writer.flush()
 
     def close(self) -> None:
@@ -149,13 +165,25 @@ class Recorder:
             self.writer.close()
 
 
-def _ready(value: Any) -> bool:
-    return True if isinstance(value, (int, float)) else value.ready()
+_NUMBER = (int, float)
 
 
-def _resolve(value: Any, wait: bool) -> float:
-    if isinstance(value, (int, float)):
-        return value
-    out = value.value(wait=wait)
-    value.release()
+def _combine_step(tags: Dict[str, List[Any]], final: bool) -> Optional[Dict[str, float]]:
+    """``tag -> value`` of one step, or None when a GPU value is not ready (and not ``final``)."""
+    out: Dict[str, float] = {}
+    for tag, values in tags.items():
+        if len(values) == 1 and type(values[0]) is float:
+            out[tag] = values[0]
+            continue
+        if not final:
+            for v in values:
+                if not isinstance(v, _NUMBER) and not v.ready():
+                    return None
+        resolved = []
+        for v in values:
+            if not isinstance(v, _NUMBER):
+                pending, v = v, v.value(wait=final)
+                pending.release()
+            resolved.append(v)
+        out[tag] = _combine(tag, resolved)
     return out

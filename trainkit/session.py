@@ -116,6 +116,13 @@ class Session:
 
             self._profiler = start_profiler(self)
         _activate(self)
+        from .techniques import backends
+
+        try:
+            backends.apply(self)  # tf32 / cudnn_benchmark overrides, restored on close
+        except BaseException:
+            self.close()  # e.g. a malformed TRAINKIT_TECHNIQUES: leave no session half-open
+            raise
 
     # -- public ----------------------------------------------------------------------------------
     def log(self, name: str, value: Any, *, step: Optional[int] = None) -> None:
@@ -131,14 +138,14 @@ class Session:
 
             s.log("loss", loss)
         """
-        if not isinstance(name, str) or not name:
+        if type(name) is not str or not name:
             raise TypeError(f"log(name={name!r}): name must be a non-empty str, e.g. s.log('loss', loss)")
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-            raise ValueError(f"log(step={step!r}): step must be a non-negative int or None "
-                             f"(None files it under the current optimizer step)")
         if step is None:
             step = self.step if self._batch_step is None else self._batch_step
-        self._buf.append((name, step, _scalar(name, value)))
+        elif isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"log(step={step!r}): step must be a non-negative int or None "
+                             f"(None files it under the current optimizer step)")
+        self._buf.append((name, step, value if type(value) is float else _scalar(name, value)))
 
     def close(self) -> None:
         """Flush everything recorded and close the event files. Safe to call twice."""
@@ -158,6 +165,16 @@ class Session:
             finally:
                 self._recorder.close()
                 _release_signals()
+
+    def flush(self) -> None:
+        """Write every completed step recorded so far, now (the writer does it every ``flush_secs``).
+
+        Example::
+
+            s.flush()   # e.g. before a checkpoint
+        """
+        if not self._closed and os.getpid() == self._pid:
+            self._recorder.flush(final=False)
 
     @property
     def closed(self) -> bool:
@@ -203,20 +220,19 @@ class Session:
 
 
 def _scalar(name: str, value: Any) -> Any:
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
     import torch
 
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ValueError(f"log({name!r}, tensor of shape {tuple(value.shape)}): only scalars can "
                              f"be logged; reduce it first, e.g. s.log({name!r}, t.mean())")
-        value = value.detach()
         if value.is_cuda:
-            return timing.PendingTensor(value, timing.cuda_event())
-        return float(value.item())  # on the CPU this is a read, not a device sync
+            return timing.PendingTensor(value.detach(), timing.cuda_event())
+        # On the CPU this is a read, not a device sync; reading now (rather than keeping the
+        # tensor) also frees the autograd graph the loss still holds.
+        return value.item()
+    if isinstance(value, numbers.Real):
+        return float(value)
     raise TypeError(f"log({name!r}, {value!r}): value must be a number or a one-element tensor")
 
 
@@ -260,14 +276,21 @@ def _close_active() -> None:
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     prev = _prev_sigterm
+    if callable(prev) or prev == signal.SIG_IGN:
+        # The process may live on (a handler that sets a "stop after this epoch" flag, or one
+        # that ignores SIGTERM): write what is recorded, and keep recording.
+        s = _active
+        if s is not None:
+            s.flush()
+        if callable(prev):
+            prev(signum, frame)
+        return
+    # Default action: flush and close, then die by the signal, so that the parent sees the same
+    # exit status as without trainkit.
     _close_active()
     _release_signals()
-    if callable(prev):
-        prev(signum, frame)
-    elif prev != signal.SIG_IGN:
-        # Default action: die by the signal, so the parent sees the same status as without us.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _install_signals() -> None:

@@ -32,17 +32,25 @@ def cuda_event() -> Any:
     return ev
 
 
-def cuda_in_use() -> bool:
-    """True when this process has initialised CUDA (never initialises it itself)."""
-    import sys
+_cuda_module: Any = None
 
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    try:
-        return bool(torch.cuda.is_initialized())
-    except Exception:  # a torch build without CUDA support
-        return False
+
+def cuda_in_use() -> bool:
+    """True when this process has initialised CUDA (never initialises it itself).
+
+    Called on the hot path (every region, copy and step), so it reads ``torch.cuda._initialized``
+    (~50 ns) instead of calling ``torch.cuda.is_initialized()`` (~1 us); CUDA, once initialised,
+    stays so for the life of the process.
+    """
+    global _cuda_module
+    if _cuda_module is None:
+        import sys
+
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return False
+        _cuda_module = torch.cuda
+    return _cuda_module.__dict__.get("_initialized", False) is True
 
 
 class PendingInterval:

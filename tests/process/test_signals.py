@@ -6,12 +6,13 @@ once everything of step N has been recorded; the parent stops it and reads the e
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import time
 
 import pytest
 
-from ._util import SCRIPTS, Child, event_files, read_scalars, steps_of
+from ._util import REPO, SCRIPTS, Child, child_env, event_files, read_scalars, steps_of
 
 STEP_TIME = "trainkit/step_time_ms"
 UPDATE = "trainkit/update_ms"
@@ -120,6 +121,36 @@ def test_sigint_caught_outside_session_flushes_and_exits_0(tmp_path):
     assert child.lines[-1] == "caught", child.lines[-3:]
     assert "Traceback" not in child.stderr, child.stderr[-3000:]
     _assert_flushed(logdir, child)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_session_without_with_is_flushed_on_signal(tmp_path, sig):
+    """`s = tk.session(...)` never closed: the SIGTERM handler / atexit still flush it."""
+    logdir = tmp_path / "run"
+    child = _start(logdir, 60, "no_with")
+    try:
+        _run_until_step(child)
+        child.proc.send_signal(sig)
+        rc = child.wait(60)
+    finally:
+        child.kill()
+    assert rc == -sig, (rc, child.stderr[-3000:])
+    _assert_flushed(logdir, child)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode, expect", [("ignore", "done []"), ("flag", "done [15]")])
+def test_session_keeps_recording_when_the_process_survives_sigterm(tmp_path, mode, expect):
+    logdir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "sigterm_survived.py"), str(logdir), mode],
+                          cwd=str(REPO), env=child_env(), capture_output=True, text=True,
+                          timeout=100)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[-2] == expect, proc.stdout
+    scalars = read_scalars(logdir)
+    assert steps_of(scalars, STEP_TIME) == list(range(1, 11))
+    assert steps_of(scalars, "loss") == list(range(1, 11))
 
 
 @pytest.mark.timeout(120)

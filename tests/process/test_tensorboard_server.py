@@ -53,15 +53,16 @@ def test_tensorboard_serves_the_session_scalars(tmp_path):
     root = tmp_path / "logs"
     _make_run(root / "exp")
     port = free_port()
+    log = open(tmp_path / "tensorboard.log", "wb")  # a file, not a pipe nobody drains
     server = subprocess.Popen(
         [sys.executable, "-m", "tensorboard.main", "--logdir", str(root), "--host", "127.0.0.1",
          "--port", str(port), "--reload_interval", "1"],
-        cwd=str(REPO), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        cwd=str(REPO), env=child_env(), stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60
         runs = None
         while time.monotonic() < deadline:
-            assert server.poll() is None, server.stderr.read().decode()[-3000:]
+            assert server.poll() is None, (tmp_path / "tensorboard.log").read_text()[-3000:]
             try:
                 runs = _get(port, "/data/runs", timeout=2)
             except (urllib.error.URLError, ConnectionError, OSError):
@@ -92,4 +93,4 @@ def test_tensorboard_serves_the_session_scalars(tmp_path):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(10)
-        server.stderr.close()
+        log.close()

@@ -87,13 +87,21 @@ def _normalises(stmt: ast.AST, name: str, *, of_itself: bool) -> bool:
 
 def normalised_before(loop: TrainingLoop, call: ast.Call, name: Optional[str]) -> bool:
     """Whether the loss of ``call`` is divided inline or by an assignment earlier in the iteration."""
+    return normalisation_before(loop, call, name) is not None
+
+
+def normalisation_before(loop: TrainingLoop, call: ast.Call, name: Optional[str]) -> Optional[ast.AST]:
+    """The node that divides the loss of ``call`` before it (the call itself when inline), or None."""
     operand = backward_operand(call)
     if operand is not None and is_normalisation(operand):
-        return True
+        return call
     if name is None:
-        return False
+        return None
     here = pos(call)
-    return any(pos(n) < here and _normalises(n, name, of_itself=False) for n in loop.region)
+    for n in loop.region:
+        if pos(n) < here and _normalises(n, name, of_itself=False):
+            return n
+    return None
 
 
 def late_normalisation(loop: TrainingLoop, call: ast.Call, name: Optional[str]) -> Optional[ast.stmt]:

@@ -10,7 +10,8 @@ import ast
 from typing import Iterator, Tuple
 
 from trainkit.lint._core import FileContext, TrainingLoop, find_modulo, method_name
-from trainkit.lint._loss import backward_operand, late_normalisation, loss_name, normalised_before
+from trainkit.lint._loss import (backward_operand, late_normalisation, loss_name, normalisation_before,
+                                 normalised_before)
 from trainkit.lint._registry import Hit, rule
 
 _TK_ACCUMULATE = "or let trainkit do it: `with tk.accumulate(n, optimizer):` divides by the micro-batches actually in each window, a short last window included"
@@ -93,4 +94,29 @@ def check_zero_grad_every_micro_batch(ctx: FileContext) -> Iterator[Hit]:
                     f"`{ast.unparse(call)}` runs on every micro-batch but the step (line {step.lineno}) "
                     f"runs every `{every}`: the accumulated gradients are wiped, only the last micro-batch is used",
                     f"move `{ast.unparse(call)}` under the same `if` as the step, right after it; {_TK_ACCUMULATE}",
+                )
+
+
+@rule(
+    "TK104",
+    name="loss-normalised-twice",
+    severity="error",
+    summary="the loss is divided inside an accumulate block that already divides the gradients",
+)
+def check_double_normalisation(ctx: FileContext) -> Iterator[Hit]:
+    """Flag ``loss / n`` before backward inside ``with tk.accumulate(...)`` (or accelerate's)."""
+    for loop in ctx.training_loops:
+        for call in loop.backward_calls:
+            if not ctx.inside_with(call, ("accumulate",)):
+                continue
+            name = loss_name(backward_operand(call))
+            node = normalisation_before(loop, call, name)
+            if node is not None:
+                shown = ast.unparse(node).splitlines()[0]
+                yield Hit(
+                    node,
+                    f"`{shown}` divides the loss inside an `accumulate(...)` block, which already divides "
+                    "the gradients by the micro-batches in each window: the update is n times too small",
+                    "pass the plain per-micro-batch mean loss (drop the division); "
+                    "with `normalize=\"items\"`, count items with `acc.add_items(k)` instead",
                 )

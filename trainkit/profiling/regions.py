@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Dict, Optional, TypeVar
 
 from ..session import active as _active_session
 from .. import timing
@@ -28,6 +28,10 @@ def profiler_enabled() -> bool:
     return _profiler_enabled()
 
 
+_tags: Dict[str, str] = {}  # name -> its TensorBoard tag, built once
+_checked: set = set()  # names already validated: a region is entered every step
+
+
 def record_function(name: str) -> Any:
     """A ``torch.profiler.record_function`` range; call it only while :func:`profiler_enabled`.
 
@@ -43,9 +47,13 @@ def record_function(name: str) -> Any:
 
 
 def check_name(name: Any, what: str = "profile_region") -> str:
+    if name in _checked:
+        return name
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"{what}({name!r}): name must be a non-empty str of letters, digits, '_', "
                          f"'.', '-' (and '/' between parts), e.g. {what}('forward')")
+    if len(_checked) < 10_000:
+        _checked.add(name)
     return name
 
 
@@ -67,11 +75,10 @@ class profile_region:  # noqa: N801 - used like a function: `with tk.profile_reg
         def evaluate(model): ...
     """
 
-    __slots__ = ("name", "tag", "_t0", "_ev0", "_rf")
+    __slots__ = ("name", "_t0", "_ev0", "_rf")
 
     def __init__(self, name: str) -> None:
         self.name = check_name(name)
-        self.tag = REGION + name + "_ms"
         self._rf: Any = None
         self._ev0: Any = None
 
@@ -81,7 +88,7 @@ class profile_region:  # noqa: N801 - used like a function: `with tk.profile_reg
 
             self._rf = torch.profiler.record_function(self.name)
             self._rf.__enter__()
-        if _active_session() is not None and timing.cuda_in_use():
+        if timing.cuda_in_use() and _active_session() is not None:
             self._ev0 = timing.cuda_event()
         self._t0 = timing.now()
         return self
@@ -90,11 +97,14 @@ class profile_region:  # noqa: N801 - used like a function: `with tk.profile_reg
         t1 = timing.now()
         s = _active_session()
         if s is not None:
+            tag = _tags.get(self.name)
+            if tag is None:
+                tag = _tags[self.name] = REGION + self.name + "_ms"
             if self._ev0 is not None:
-                s.record(self.tag, timing.PendingInterval(self._ev0, timing.cuda_event()))
+                s.record(tag, timing.PendingInterval(self._ev0, timing.cuda_event()))
                 self._ev0 = None
             else:
-                s.record(self.tag, (t1 - self._t0) * 1e3)
+                s.record(tag, (t1 - self._t0) * 1e3)
         if self._rf is not None:
             rf, self._rf = self._rf, None
             rf.__exit__(*exc)

@@ -24,6 +24,10 @@ except ImportError:  # pragma: no cover - exercised on machines without the whee
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c as _crc32c
 
 
+_pack_len = struct.Struct("<Q").pack
+_pack_crc = struct.Struct("<I").pack
+
+
 def masked_crc32c(data: bytes) -> int:
     """The CRC TensorBoard's record reader checks (TFRecord's masked CRC32C)."""
     x = _crc32c(data) & 0xFFFFFFFF
@@ -57,20 +61,21 @@ class EventFileWriter:
         if self._file is None:
             raise ValueError(f"event file {self.path!r} is closed; open a new session to write again")
         data = event.SerializeToString()
-        header = struct.pack("<Q", len(data))
-        self._file.write(header + struct.pack("<I", masked_crc32c(header)) + data
-                         + struct.pack("<I", masked_crc32c(data)))
+        header = _pack_len(len(data))
+        self._file.write(header + _pack_crc(masked_crc32c(header)) + data
+                         + _pack_crc(masked_crc32c(data)))
 
     def write_scalars(self, *, step: int, values: Mapping[str, float],
                       wall_time: Optional[float] = None) -> None:
         """One event holding every ``tag -> value`` of ``step``."""
         if not values:
             return
-        value_cls = self._summary_pb2.Summary.Value
-        summary = self._summary_pb2.Summary(
-            value=[value_cls(tag=tag, simple_value=float(v)) for tag, v in values.items()])
-        self._write_event(self._event_pb2.Event(
-            wall_time=time.time() if wall_time is None else wall_time, step=int(step), summary=summary))
+        event = self._event_pb2.Event(wall_time=time.time() if wall_time is None else wall_time,
+                                      step=step)
+        add = event.summary.value.add
+        for tag, v in values.items():
+            add(tag=tag, simple_value=v)
+        self._write_event(event)
 
     def write_summary(self, summary: Any, *, step: int = 0) -> None:
         """A prebuilt ``Summary`` protobuf (e.g. HParams plugin data)."""

@@ -7,7 +7,7 @@ that share is what ``tk.analyze`` reports as "pageable host-to-device copies".
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional
 
 from ..session import active as _active_session
 from .. import timing
@@ -100,20 +100,50 @@ def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> 
     return out
 
 
-def batch_items(batch: Any) -> Tuple[bool, int]:
-    """``(found, n)``: the first dimension of the first tensor in a batch (items per batch)."""
+def items_counter() -> Any:
+    """A callable ``batch -> items or None`` that remembers where the first tensor was.
+
+    Batches of one loader share a structure, so after the first one the count is an index or two
+    and a type check, not a walk (this runs once per batch, on the hot path).
+    """
     import torch
 
-    if isinstance(batch, torch.Tensor):
-        return True, (int(batch.shape[0]) if batch.dim() > 0 else 1)
-    if isinstance(batch, (tuple, list)):
-        for v in batch:
-            found, n = batch_items(v)
-            if found:
-                return True, n
-    elif isinstance(batch, dict):
-        for v in batch.values():
-            found, n = batch_items(v)
-            if found:
-                return True, n
-    return False, 0
+    tensor = torch.Tensor
+    path: List[Any] = []
+    known = [False]
+
+    def count(batch: Any) -> Any:
+        if known[0]:
+            node = batch
+            try:
+                for key in path:
+                    node = node[key]
+            except (KeyError, IndexError, TypeError):
+                node = None
+            if type(node) is tensor or isinstance(node, tensor):
+                return int(node.shape[0]) if node.dim() > 0 else 1
+        found = _find_tensor(batch, [])
+        if found is None:
+            return None
+        path[:] = found
+        known[0] = True
+        return count(batch)
+
+    return count
+
+
+def _find_tensor(obj: Any, path: List[Any]) -> Optional[List[Any]]:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return path
+    items: Any = ()
+    if isinstance(obj, (tuple, list)):
+        items = enumerate(obj)
+    elif isinstance(obj, dict):
+        items = obj.items()
+    for key, value in items:
+        found = _find_tensor(value, path + [key])
+        if found is not None:
+            return found
+    return None

@@ -1,11 +1,12 @@
 """Train Linear(8, 2) with SGD forever under a trainkit session; print each finished step.
 
 Usage: train_forever.py LOGDIR FLUSH_SECS MODE [MARKER]
-MODE: plain       - nothing special (SIGTERM / SIGINT / SIGKILL kill it as usual)
+MODE: plain        - nothing special (SIGTERM / SIGINT / SIGKILL end it as they would anyway)
       user_handler - a SIGTERM handler, installed BEFORE the session, writes MARKER, sys.exit(3)
-      catch_kbi   - KeyboardInterrupt is caught outside the `with` block; prints "caught"
-Each step prints ``step N LOSS MONOTONIC`` (N from 1, LOSS the value logged) after everything
-of step N was recorded.
+      catch_kbi    - KeyboardInterrupt is caught outside the `with` block; prints "caught"
+      no_with      - the session is created without `with` and never closed by the script
+Each step prints ``step N LOSS MONOTONIC`` (N from 1, LOSS the value logged) once everything of
+step N has been recorded.
 """
 import signal
 import sys
@@ -36,24 +37,32 @@ def batches():
         yield torch.randn(4, 8, generator=g), torch.randint(0, 2, (4,), generator=g)
 
 
+def loop(s, model, opt):
+    tk.patch(opt)
+    print("ready", flush=True)
+    for i, (x, y) in enumerate(tk.patch(batches()), start=1):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        s.log("loss", loss)
+        print(f"step {i} {loss.item()!r} {time.monotonic()!r}", flush=True)
+        time.sleep(0.002)  # stay lean on a shared machine
+
+
 def train():
     model = torch.nn.Linear(8, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     # A long flush_secs also turns off the wake-ups every log_every steps: then only the final
-    # flush (exit, signal) can write the last second of steps.
+    # flush (exit, signal) writes the last second of steps.
     log_every = 10**6 if flush_secs >= 60 else 50
-    with tk.session(logdir=logdir, flush_secs=flush_secs, log_every=log_every,
-                    system_metrics=False) as s:
-        tk.patch(opt)
-        print("ready", flush=True)
-        for i, (x, y) in enumerate(tk.patch(batches()), start=1):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            s.log("loss", loss)
-            print(f"step {i} {loss.item()!r} {time.monotonic()!r}", flush=True)
-            time.sleep(0.002)  # stay lean on a shared machine
+    s = tk.session(logdir=logdir, flush_secs=flush_secs, log_every=log_every,
+                   system_metrics=False)
+    if mode == "no_with":
+        loop(s, model, opt)
+    else:
+        with s:
+            loop(s, model, opt)
 
 
 if mode == "catch_kbi":

@@ -4,12 +4,11 @@ from __future__ import annotations
 import statistics
 from typing import Callable, Dict, List, Optional
 
-from ...recorder import (DATA_WAIT, GC_FULL, GC_MS, H2D_MS, H2D_PINNED_PCT, PREFIX, SAMPLES_PER_S,
-                         STEP_TIME, UPDATE_MS)
+from ...recorder import (COMPILE_RECOMPILES, DATA_WAIT, GC_FULL, GC_MS, H2D_MS, H2D_PINNED_PCT,
+                         PREFIX, SAMPLES_PER_S, STEP_TIME, UPDATE_MS)
 from ..finding import Finding, severity_for
 from ..runs import Run
 
-RECOMPILES = PREFIX + "compile/recompiles"
 #: The fix for pageable copies, whether the records or a trace found them.
 PAGEABLE_FIX = ("DataLoader(..., pin_memory=True) and x = tk.to_device(x, 'cuda') (non_blocking "
                 "when pinned), or x.pin_memory().to('cuda', non_blocking=True)")
@@ -101,7 +100,7 @@ def optimizer_dominates(st: Steps) -> Optional[Finding]:
 
 
 def recompiles(st: Steps) -> Optional[Finding]:
-    values = st.run.values(RECOMPILES)
+    values = st.run.values(COMPILE_RECOMPILES)
     n = int(max(values.values())) if values else 0
     if n <= 0:
         return None

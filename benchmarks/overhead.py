@@ -1,0 +1,149 @@
+"""What trainkit's instrumentation costs per step, next to instrumenting by hand.
+
+Three variants of the same loop, timed one after another in each round (order rotated), one thread:
+
+* plain:   forward, loss, backward, step, zero_grad;
+* trainkit: the same under tk.session + tk.patch(optimizer) + tk.patch(loader) + 3 profile_regions +
+            s.log("loss", loss);
+* by hand: what users write today: perf_counter around the step, record_function x3, and
+           SummaryWriter.add_scalar x2 with loss.item().
+
+Per round, each variant's time per step is divided by plain's; the printed ratio is the median of
+those per-round ratios (drift between rounds cancels) with a bootstrap 95% confidence interval.
+Goals (issue 3): trainkit <= 1.03x on (a) the tiny MLP at batch 32, <= 1.02x on (b) the MNIST CNN
+at batch 64.
+
+    python benchmarks/overhead.py [--rounds 30] [--steps-mlp 200] [--steps-cnn 20]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from typing import Callable, Dict, List
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import trainkit as tk  # noqa: E402
+from trainkit.workloads.mnist import simple_cnn  # noqa: E402
+
+
+def mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 64), torch.nn.ReLU(),
+                               torch.nn.Linear(64, 10))
+
+
+def make_variants(make_model: Callable[[], torch.nn.Module], batches: List, s) -> Dict[str, Callable]:
+    crit = torch.nn.CrossEntropyLoss()
+    models = {}
+    for name in ("plain", "trainkit", "by hand"):
+        torch.manual_seed(0)
+        m = make_model()
+        models[name] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
+
+    def plain():
+        m, opt = models["plain"]
+        for x, y in batches:
+            loss = crit(m(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+    m_tk, opt_tk = models["trainkit"]
+    tk.patch(opt_tk)
+    loader_tk = tk.patch(batches)
+
+    def trainkit():
+        for x, y in loader_tk:
+            with tk.profile_region("forward"):
+                out = m_tk(x)
+            with tk.profile_region("loss"):
+                loss = crit(out, y)
+            with tk.profile_region("backward"):
+                loss.backward()
+            opt_tk.step()
+            opt_tk.zero_grad()
+            s.log("loss", loss)
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(tempfile.mkdtemp(prefix="overhead-by-hand-"))
+    rf = torch.profiler.record_function
+    counter = [0]
+
+    def by_hand():
+        m, opt = models["by hand"]
+        for x, y in batches:
+            t0 = time.perf_counter()
+            with rf("forward"):
+                out = m(x)
+            with rf("loss"):
+                loss = crit(out, y)
+            with rf("backward"):
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+            counter[0] += 1
+            writer.add_scalar("loss", loss.item(), counter[0])
+            writer.add_scalar("step_time_ms", (time.perf_counter() - t0) * 1e3, counter[0])
+
+    return {"plain": plain, "trainkit": trainkit, "by hand": by_hand}
+
+
+def bootstrap_ci(ratios: np.ndarray, *, n: int = 2000, seed: int = 0) -> "tuple[float, float]":
+    rng = np.random.default_rng(seed)
+    meds = np.median(rng.choice(ratios, size=(n, len(ratios)), replace=True), axis=1)
+    return float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
+
+
+def measure(label: str, make_model, batch_size: int, steps: int, rounds: int, goal: float) -> float:
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(batch_size, 1, 28, 28, generator=g), torch.randint(0, 10, (batch_size,), generator=g))
+               for _ in range(steps)]
+    with tk.session(logdir=tempfile.mkdtemp(prefix="overhead-tk-")) as s:
+        variants = make_variants(make_model, batches, s)
+        for fn in variants.values():  # warm-up: allocator, first-call costs, writer thread
+            fn()
+        names = list(variants)
+        per_step: Dict[str, List[float]] = {n: [] for n in names}
+        for r in range(rounds):
+            order = names[r % 3:] + names[:r % 3]
+            for n in order:
+                t0 = time.perf_counter()
+                variants[n]()
+                per_step[n].append((time.perf_counter() - t0) / steps * 1e3)
+    plain = np.array(per_step["plain"])
+    print(f"\n({label}) median plain step {np.median(plain):.3f} ms, {rounds} rounds x {steps} steps")
+    result = 0.0
+    for n in ("trainkit", "by hand"):
+        ratios = np.array(per_step[n]) / plain
+        lo, hi = bootstrap_ci(ratios)
+        med = float(np.median(ratios))
+        extra = ""
+        if n == "trainkit":
+            result = med
+            extra = f"   goal <= {goal:.2f}x: {'met' if med <= goal else 'NOT met'}"
+        print(f"  {n:9s} / plain = {med:.3f}x  (95% CI {lo:.3f}-{hi:.3f})  "
+              f"median step {np.median(per_step[n]):.3f} ms{extra}")
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--steps-mlp", type=int, default=200)
+    ap.add_argument("--steps-cnn", type=int, default=20)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, trainkit {tk.__version__}, 1 thread, "
+          f"{time.strftime('%Y-%m-%d')}, cpu count {os.cpu_count()}")
+    measure("a: MLP 784-64-10, batch 32", mlp, 32, args.steps_mlp, args.rounds, 1.03)
+    measure("b: MNIST CNN, batch 64", simple_cnn, 64, args.steps_cnn, args.rounds, 1.02)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Body of each rank of the DDP accumulation test (run by torch.multiprocessing.spawn)."""
+from __future__ import annotations
+
+import copy
+import os
+
+import torch
+import torch.distributed as dist
+
+import trainkit as tk
+
+from ._oracle import batches, model64
+
+
+def rank_batches(rank: int, sizes):
+    return batches(sizes, seed=100 + rank)
+
+
+def run(rank: int, world: int, port: int, outdir: str, sizes_by_rank, n: int) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"  # the child's own environment, for init_process_group
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        out = {}
+        for normalize in ("mean", "items"):
+            model = torch.nn.parallel.DistributedDataParallel(model64())
+            calls = [0]
+
+            def hook(state, bucket):
+                calls[0] += 1
+                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+                return default_hooks.allreduce_hook(state, bucket)
+
+            model.register_comm_hook(None, hook)
+            opt = torch.optim.Adam(model.parameters(), lr=0.01)
+            sizes = sizes_by_rank[rank] if normalize == "items" else [4] * len(sizes_by_rank[rank])
+            with tk.accumulate(n, opt, model=model, normalize=normalize) as acc:
+                for x, y in rank_batches(rank, sizes):
+                    red = "sum" if normalize == "items" else "mean"
+                    torch.nn.functional.mse_loss(model(x), y, reduction=red).backward()
+                    if normalize == "items":
+                        acc.add_items(len(x))
+                    opt.step()
+                    opt.zero_grad()
+            out[normalize] = {"params": [p.detach().clone() for p in model.module.parameters()],
+                              "allreduces": calls[0], "steps": acc.steps,
+                              "sync_flag": model.require_backward_grad_sync}
+        torch.save(out, os.path.join(outdir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()

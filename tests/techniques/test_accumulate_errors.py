@@ -1,0 +1,63 @@
+import pytest
+import torch
+
+import trainkit as tk
+from trainkit.patch import optimizer_patch
+
+
+def _setup():
+    m = torch.nn.Linear(2, 2)
+    return m, torch.optim.SGD(m.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("n", [0, -1, 2.5, "4", True, None])
+def test_bad_n_repeats_value_and_changes_nothing(n):
+    m, opt = _setup()
+    hooks = dict(m._forward_pre_hooks)
+    with pytest.raises(ValueError) as e:
+        with tk.accumulate(n, opt, model=m):
+            pass
+    msg = str(e.value)
+    assert f"n={n!r}" in msg and "accumulate(4, optimizer)" in msg
+    assert optimizer_patch(opt) is None and "step" not in opt.__dict__
+    assert dict(m._forward_pre_hooks) == hooks
+
+
+@pytest.mark.parametrize("bad", [torch.nn.Linear(2, 2), "sgd", None])
+def test_non_optimizer(bad):
+    with pytest.raises(TypeError) as e:
+        with tk.accumulate(4, bad):
+            pass
+    assert type(bad).__name__ in str(e.value) and "torch.optim.Optimizer" in str(e.value)
+
+
+def test_bad_normalize_and_model():
+    m, opt = _setup()
+    with pytest.raises(ValueError) as e:
+        with tk.accumulate(4, opt, normalize="tokens"):
+            pass
+    assert "'tokens'" in str(e.value) and "'mean'" in str(e.value) and "'items'" in str(e.value)
+    with pytest.raises(TypeError, match="model='m'"):
+        with tk.accumulate(4, opt, model="m"):
+            pass
+    assert optimizer_patch(opt) is None
+
+
+def test_nested_accumulate_on_same_optimizer_is_refused():
+    m, opt = _setup()
+    with tk.accumulate(2, opt):
+        with pytest.raises(ValueError, match="already inside accumulate"):
+            with tk.accumulate(4, opt):
+                pass
+    tk.unpatch(opt)
+
+
+def test_items_mode_without_add_items_says_how():
+    m, opt = _setup()
+    with pytest.raises(ValueError, match="add_items"):
+        with tk.accumulate(1, opt, normalize="items") as acc:
+            m(torch.ones(1, 2)).sum().backward()
+            opt.step()
+    with pytest.raises(TypeError, match="'x'"):
+        acc.add_items("x")
+    tk.unpatch(opt)

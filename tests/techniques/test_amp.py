@@ -1,0 +1,191 @@
+import copy
+import warnings
+
+import pytest
+import torch
+
+import trainkit as tk
+from trainkit import switches
+
+from ._oracle import batches, big_batch_oracle, max_rel_err, model64
+
+
+def _model32(seed=0):
+    return model64(seed).float()
+
+
+def test_fp16_scaler_under_accumulate_matches_fp32_oracle():
+    base = model64()
+    data = batches([8] * 10)
+    oracle = big_batch_oracle(base, lambda ps: torch.optim.SGD(ps, lr=0.1), data, 4)
+    m = copy.deepcopy(base).float()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    with tk.accumulate(4, opt) as acc:
+        for x, y in data:
+            with tk.autocast_scaled(scaler, dtype="fp16") as amp:
+                assert amp.dtype is torch.float16
+                loss = torch.nn.functional.mse_loss(m(x.float()), y.float())
+            amp.backward(loss)
+            assert amp.step(opt)
+            opt.zero_grad()
+    assert acc.steps == 3 and amp.skipped == 0
+    assert max_rel_err(m.double(), oracle) < 2e-3  # fp16 matmuls; an off-by-one window divisor gives ~7e-2
+
+
+def test_inf_gradient_is_a_skipped_step(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    m = _model32()
+    opt = tk.patch(torch.optim.SGD(m.parameters(), lr=0.1))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+    x, y = (t.float() for t in batches([4])[0])
+    before = [p.detach().clone() for p in m.parameters()]
+    with tk.session(logdir=str(tmp_path), system_metrics=False):
+        with tk.accumulate(2, opt) as acc:
+            for i in range(2):
+                with tk.autocast_scaled(scaler, dtype="fp16") as amp:
+                    loss = torch.nn.functional.mse_loss(m(x), y)
+                if i == 1:
+                    loss = loss * float("inf")
+                amp.backward(loss)
+                stepped = amp.step(opt)
+                opt.zero_grad()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "lr_scheduler.step() before optimizer.step()"
+            sched.step()
+    assert stepped is False and amp.skipped == 1
+    assert scaler.get_scale() == 128.0
+    assert acc.steps == 0 and acc.micro_batches == 0
+    assert all(torch.equal(a, p) for a, p in zip(before, m.parameters()))
+    ea = EventAccumulator(str(tmp_path))
+    ea.Reload()
+    assert [p.value for p in ea.Scalars("trainkit/amp/skipped_steps")] == [1.0]
+    assert [p.value for p in ea.Scalars("trainkit/amp/scale")] == [128.0]
+    tk.unpatch(opt)
+
+
+def test_clip_grad_norm_applies_to_unscaled_window_gradient():
+    m = _model32()
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    x, y = (t.float() for t in batches([4])[0])
+    with tk.accumulate(2, opt):
+        for i in range(2):
+            with tk.autocast_scaled(scaler, dtype="fp16") as amp:
+                loss = 10 * torch.nn.functional.mse_loss(m(x), y)
+            amp.backward(loss)
+            amp.step(opt, clip_grad_norm=0.5)
+            if i == 1:
+                norm = torch.nn.utils.get_total_norm([p.grad for p in m.parameters()]) \
+                    if hasattr(torch.nn.utils, "get_total_norm") else \
+                    torch.norm(torch.stack([p.grad.norm() for p in m.parameters()]))
+            opt.zero_grad()
+    assert amp.skipped == 0
+    assert abs(float(norm) - 0.5) < 1e-3
+
+
+def test_users_own_scaler_calls_work_inside_and_after_the_block():
+    base = _model32()
+    x, y = (t.float() for t in batches([4])[0])
+    results = []
+    for mode in ("amp", "inside", "after"):
+        m = copy.deepcopy(base)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=64.0)
+        for _ in range(3):
+            with tk.autocast_scaled(scaler, dtype="fp16") as amp:
+                loss = torch.nn.functional.mse_loss(m(x), y)
+                if mode == "inside":
+                    scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
+            if mode == "after":
+                scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
+            elif mode == "amp":
+                amp.backward(loss); amp.step(opt)
+            opt.zero_grad()
+        results.append(m)
+    assert max_rel_err(results[1], results[0]) == 0.0
+    assert max_rel_err(results[2], results[0]) == 0.0
+
+
+def test_users_scaler_step_inside_accumulate_raises_clear_error():
+    m = _model32()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    x, y = (t.float() for t in batches([4])[0])
+    with pytest.raises(RuntimeError, match="amp.step"):
+        with tk.accumulate(4, opt):
+            with tk.autocast_scaled(scaler, dtype="fp16"):
+                loss = torch.nn.functional.mse_loss(m(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+
+
+def test_users_scaler_with_accumulate_1_is_fine():
+    m = _model32()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    x, y = (t.float() for t in batches([4])[0])
+    with tk.accumulate(1, opt) as acc:
+        for _ in range(2):
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            scaler.scale(loss).backward(); scaler.step(opt); scaler.update(); opt.zero_grad()
+    assert acc.steps == 2
+
+
+def test_amp_switched_off_is_a_no_op():
+    m = _model32()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    x, y = (t.float() for t in batches([4])[0])
+    with switches.overrides({"amp": False}):
+        with tk.autocast_scaled(scaler, dtype="fp16") as amp:
+            out = m(x)
+            assert not torch.is_autocast_enabled("cpu")
+        assert out.dtype is torch.float32 and amp.scaler is None
+        loss = torch.nn.functional.mse_loss(out, y)
+        amp.backward(loss)
+        assert m[0].weight.grad is not None
+        assert amp.step(opt) is True
+    assert scaler.get_scale() == 65536.0  # untouched
+
+
+def test_auto_is_bf16_on_cpu_and_fp32_disables_autocast():
+    m = _model32()
+    x = torch.randn(2, 6)
+    with tk.autocast_scaled() as amp:
+        assert m(x).dtype is torch.bfloat16 and amp.dtype is torch.bfloat16
+    with tk.autocast_scaled(dtype="fp32") as amp:
+        assert m(x).dtype is torch.float32 and amp.dtype is None
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(dtype="fp8"), "'fp8'"),
+    (dict(dtype="fp16"), "GradScaler('cpu')"),
+    (dict(device_type="tpu"), "'tpu'"),
+])
+def test_bad_input(kwargs, needle):
+    with pytest.raises((ValueError, TypeError)) as e:
+        with tk.autocast_scaled(**kwargs):
+            pass
+    assert needle in str(e.value)
+    assert not torch.is_autocast_enabled("cpu")
+
+
+@pytest.mark.cuda
+def test_cuda_fp16_scaler_step():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    m = _model32().cuda()
+    opt = torch.optim.Adam(m.parameters(), lr=0.01, fused=True)
+    scaler = torch.amp.GradScaler("cuda", init_scale=256.0)
+    x, y = (t.float().cuda() for t in batches([4])[0])
+    with tk.accumulate(2, opt):
+        for i in range(4):
+            with tk.autocast_scaled(scaler, dtype="fp16") as amp:
+                loss = torch.nn.functional.mse_loss(m(x), y)
+            if i == 3:
+                loss = loss * float("inf")
+            amp.backward(loss); amp.step(opt); opt.zero_grad()
+    assert amp.skipped == 1 and scaler.get_scale() == 128.0

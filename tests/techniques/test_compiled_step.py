@@ -1,0 +1,255 @@
+"""tk.compiled_step: no recompiles after warm-up under LR schedulers, results equal to eager.
+
+torch.compile takes seconds per graph on a CPU: models are a single Linear(8, 4), and a handful of
+steps; the per-scheduler runs are marked slow (CI runs them), one compile test stays fast.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Dict, List
+
+import pytest
+import torch
+
+import trainkit as tk
+from trainkit.switches import overrides
+
+STEPS = 6
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> Any:
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _setup(opt_name: str) -> tuple:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    if opt_name == "sgd":
+        opt: Any = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    return model, opt
+
+
+SCHEDULERS: Dict[str, Callable[[Any], Any]] = {
+    "linear": lambda o: torch.optim.lr_scheduler.LinearLR(o, start_factor=0.1, total_iters=STEPS),
+    "onecycle": lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.1, total_steps=STEPS + 2),
+    "warm_restarts": lambda o: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(o, T_0=2),
+    "plateau": lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o, factor=0.5, patience=0),
+    "lambda": lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda e: 1.0 / (1 + e)),
+}
+
+
+def _train(opt_name: str, sched_name: str, how: str) -> tuple:
+    """Run STEPS steps; how: 'eager', 'decorator' or 'patch'. Returns (params, lrs, betas)."""
+    model, opt = _setup(opt_name)
+    if how == "patch":  # before the scheduler: it then wraps the patched step
+        tk.patch(opt, compile=True)
+    sched = SCHEDULERS[sched_name](opt)
+    if how == "patch":
+        step: Callable[[], Any] = opt.step
+    elif how == "decorator":
+        @tk.compiled_step
+        def step() -> None:
+            opt.step()
+    else:
+        step = opt.step
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(1))
+    lrs, betas = [], []
+    for i in range(STEPS):
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        step()
+        opt.zero_grad()
+        if sched_name == "plateau":
+            sched.step(1.0)  # never improves: the LR halves every step (a Python float write)
+        else:
+            sched.step()
+        lrs.append(opt.param_groups[0]["lr"])
+        betas.append(opt.param_groups[0].get("betas"))
+    if how == "patch":  # the scheduler's wrapper of the patched step: the compiled core is ours
+        step = opt.__dict__["_trainkit_patch"].core
+    return [p.detach().clone() for p in model.parameters()], lrs, betas, step
+
+
+def _assert_equal_to_eager(opt_name: str, sched_name: str, how: str) -> Any:
+    ref, ref_lrs, ref_betas, _ = _train(opt_name, sched_name, "eager")
+    got, lrs, betas, step = _train(opt_name, sched_name, how)
+    assert lrs == ref_lrs and len(set(lrs)) > 1  # the schedule really moved the LR
+    assert betas == ref_betas
+    assert all(type(v) is float for v in lrs)  # the user sees Python floats, as without us
+    for a, b in zip(got, ref):
+        rel = ((a - b).norm() / b.norm()).item()
+        assert rel < 1e-5, rel
+    return step
+
+
+def _compiled_of(step: Any) -> Any:
+    return step.trainkit_compiled
+
+
+def _scalars(logdir: Any) -> Dict[str, List[float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir))
+    acc.Reload()
+    return {t: [e.value for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+
+
+# -- fast: validation, the switch, and one compile run --------------------------------------------
+@pytest.mark.parametrize("call, err, text", [
+    (lambda: tk.compiled_step(42), TypeError, "compiled_step(42)"),
+    (lambda: tk.compiled_step(mode="fastest"), ValueError, "'fastest'"),
+    (lambda: tk.compiled_step(fullgraph="yes"), TypeError, "'yes'"),
+])
+def test_bad_input_names_the_value(call: Any, err: type, text: str) -> None:
+    with pytest.raises(err, match=None) as info:
+        call()
+    assert text in str(info.value)
+
+
+def test_bad_mode_lists_modes_and_leaves_optimizer_unpatched() -> None:
+    _, opt = _setup("adam")
+    with pytest.raises(ValueError) as info:
+        tk.compiled_step(opt, mode="fastest")
+    assert "reduce-overhead" in str(info.value) and "max-autotune" in str(info.value)
+    assert "_trainkit_patch" not in opt.__dict__ and "step" not in opt.__dict__
+
+
+def test_switched_off_is_eager() -> None:
+    with overrides({"compile": False}):
+        def step() -> None:
+            pass
+        assert tk.compiled_step(step) is step
+        _, opt = _setup("adam")
+        tk.compiled_step(opt)
+        assert opt.__dict__["_trainkit_patch"].core == opt.__dict__["_trainkit_patch"].orig_step
+
+
+def test_decorator_linear_lr_no_recompiles_and_tags(tmp_path: Any) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a recompile warning fails the test
+        with tk.session(logdir=tmp_path, system_metrics=False):
+            step = _assert_equal_to_eager("adam", "linear", "decorator")
+    c = _compiled_of(step)
+    assert c.calls == STEPS and c.recompiles == 0 and c.compile_seconds > 0
+    tags = _scalars(tmp_path)
+    assert tags["trainkit/compile/recompiles"] and max(tags["trainkit/compile/recompiles"]) == 0
+    assert sum(tags["trainkit/compile/seconds"]) > 0
+
+
+def test_hyper_parameters_restored_after_a_failing_step() -> None:
+    model, opt = _setup("adam")
+
+    @tk.compiled_step
+    def step() -> None:
+        opt.step()
+        raise KeyError("boom")  # the user's function fails after stepping
+
+    model(torch.randn(2, 8)).sum().backward()
+    with pytest.raises(KeyError):
+        step()
+    assert type(opt.param_groups[0]["lr"]) is float
+    assert opt.param_groups[0]["betas"] == (0.9, 0.999)
+
+
+# -- slow: every scheduler, both forms, and the problem we fix ------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("sched_name", sorted(SCHEDULERS))
+def test_no_recompiles_under_scheduler_adam(sched_name: str, tmp_path: Any) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with tk.session(logdir=tmp_path, system_metrics=False):
+            step = _assert_equal_to_eager("adam", sched_name, "patch")
+    assert _compiled_of(step).recompiles == 0
+    assert max(_scalars(tmp_path)["trainkit/compile/recompiles"]) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["patch", "decorator"])
+def test_no_recompiles_sgd_momentum(how: str, tmp_path: Any) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with tk.session(logdir=tmp_path, system_metrics=False):
+            step = _assert_equal_to_eager("sgd", "lambda", how)
+    assert _compiled_of(step).recompiles == 0
+    assert max(_scalars(tmp_path)["trainkit/compile/recompiles"]) == 0
+
+
+@pytest.mark.slow
+def test_compiled_step_of_optimizer_is_patch_compile_true() -> None:
+    model, opt = _setup("adam")
+    assert tk.compiled_step(opt) is opt
+    p = opt.__dict__["_trainkit_patch"]
+    assert p.compiled and tk.patch(opt, compile=True) is opt  # idempotent
+    model(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    assert opt.state_dict()["param_groups"][0]["lr"] == 0.01
+
+
+@pytest.mark.slow
+def test_raw_torch_compile_recompiles_under_onecycle() -> None:
+    """The problem trainkit fixes: if torch stops recompiling here, this test says so."""
+    from torch._dynamo.utils import counters
+
+    model, opt = _setup("adam")
+    sched = SCHEDULERS["onecycle"](opt)
+    model(torch.randn(2, 8)).sum().backward()
+
+    @torch.compile
+    def step() -> None:
+        opt.step()
+
+    step()
+    sched.step()
+    step()
+    graphs = counters["stats"]["unique_graphs"]
+    for _ in range(2):
+        sched.step()
+        step()
+    assert counters["stats"]["unique_graphs"] > graphs  # new graphs for new lr/betas values
+
+
+@pytest.mark.slow
+def test_recompile_after_warmup_warns_once_naming_the_guard() -> None:
+    model, opt = _setup("sgd")
+    model(torch.randn(2, 8)).sum().backward()
+
+    @tk.compiled_step
+    def step() -> None:
+        opt.step()
+
+    step(); step(); step()
+    with pytest.warns(RuntimeWarning, match="momentum") as rec:
+        for m in (0.8, 0.7):  # trainkit keeps SGD momentum a float: each value recompiles
+            opt.param_groups[0]["momentum"] = m
+            step()
+    assert len([w for w in rec if "compiled_step" in str(w.message)]) == 1
+    assert step.trainkit_compiled.recompiles >= 1  # dynamo may make the float dynamic after one
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (foreach + capturable path)")
+def test_cuda_foreach_adam_onecycle_no_recompiles() -> None:
+    """On CUDA, Adam defaults to foreach, which takes tensor lr/betas only with capturable=True;
+    dynamo sets it for a fresh state, and trainkit's tensors live on the parameters' device."""
+    torch.manual_seed(0)
+    ref_model = torch.nn.Linear(8, 4).cuda()
+    model = torch.nn.Linear(8, 4).cuda()
+    model.load_state_dict(ref_model.state_dict())
+    x = torch.randn(16, 8, device="cuda")
+    ref_opt = torch.optim.Adam(ref_model.parameters(), lr=0.01)
+    opt = tk.compiled_step(torch.optim.Adam(model.parameters(), lr=0.01))
+    scheds = [SCHEDULERS["onecycle"](o) for o in (ref_opt, opt)]
+    for _ in range(STEPS):
+        for m, o, s in zip((ref_model, model), (ref_opt, opt), scheds):
+            m(x).pow(2).mean().backward()
+            o.step()
+            o.zero_grad()
+            s.step()
+    for a, b in zip(model.parameters(), ref_model.parameters()):
+        assert ((a - b).norm() / b.norm()).item() < 1e-5
+    assert opt.__dict__["_trainkit_patch"].core.trainkit_compiled.recompiles == 0

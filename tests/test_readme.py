@@ -1,0 +1,44 @@
+"""The README's two set-up commands stay in step with .ci/run and with the package."""
+from __future__ import annotations
+
+import configparser
+import os
+import re
+
+from tests.conftest import REPO
+
+
+def _read(*parts: str) -> str:
+    with open(os.path.join(REPO, *parts), encoding="utf-8") as f:
+        return f.read()
+
+
+def _setup_commands() -> list:
+    return [line for line in re.findall(r"```bash\n(.*?)```", _read("README.md"), re.S)
+            for line in line.splitlines() if line.startswith("python3 -m venv")]
+
+
+def test_exactly_two_setup_commands_demo_and_tests():
+    demo, tests = _setup_commands()
+    assert demo.endswith("&& trainkit demo")
+    assert tests.endswith("&& python -m pytest -q")
+    for cmd in (demo, tests):
+        assert "torch==2.14.1 torchvision==0.29.1" in cmd
+        assert not re.search(r"pip install [^&]*\btrainkit\b", cmd)  # never the PyPI namesake
+
+
+def test_ci_runs_the_readme_test_command():
+    _, tests = _setup_commands()
+    ci = _read(".ci", "run")
+    block = ci.split("# --- the README's test command")[1].split("# --- end ---")[0]
+    install = re.search(r"pip install .*?(?= &&)", tests).group(0)
+    assert install in block
+    assert "pytest_ok -q" in block and "-m slow" in ci and "-ne 5" in ci
+
+
+def test_console_script_and_extras_declared():
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(REPO, "setup.cfg"))
+    assert "trainkit = trainkit.cli:main" in cfg["options.entry_points"]["console_scripts"]
+    assert "pytest" in cfg["options.extras_require"]["dev"]
+    assert "torch-tb-profiler==0.4.3" in cfg["options.extras_require"]["profiler-tab"]

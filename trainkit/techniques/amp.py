@@ -1,0 +1,229 @@
+"""``tk.autocast_scaled``: autocast with a dtype chosen for the device, and counted skipped steps.
+
+``amp.step(optimizer)`` is ``unscale_ -> optional clip -> scaler.step -> scaler.update``. It knows
+whether the step was skipped (an inf/nan gradient) *without adding a device sync*: a GradScaler
+already reads its found-inf flag on the host before it decides to call ``optimizer.step()``, so
+``amp.step`` only watches, with a step post-hook held for the duration of the call, whether the
+optimizer really stepped. Optimizers that take the scaling into their own kernel
+(``_step_supports_amp_scaling``: fused Adam/AdamW/SGD) are always called, so for them the
+found-inf flag is read with ``.item()`` — one sync per real step on CUDA, the price of the bool
+``amp.step`` returns. The scale is recorded as a copy of the scale tensor (resolved by the writer
+thread, never read in the step) on CUDA, as a float on the CPU.
+
+Inside ``tk.accumulate`` ``amp.step`` unscales, clips, steps and updates only at a window's last
+micro-batch (it asks the optimizer's gate); elsewhere it only counts the micro-batch. A user's own
+``scaler.step(optimizer)`` inside ``tk.accumulate`` would unscale the partial sum at every
+micro-batch: trainkit raises a ``RuntimeError`` pointing to ``amp.step`` instead of corrupting the
+gradients. Outside ``accumulate`` the user's own scaler calls work unchanged, inside or after the
+``with`` block.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Literal, Optional
+
+from ..patch import optimizer_patch
+from .accumulate import warn_if_divided
+from ..session import active as _active_session
+from .. import switches
+from ..recorder import PREFIX
+
+AMP_SCALE = PREFIX + "amp/scale"
+AMP_SKIPPED = PREFIX + "amp/skipped_steps"
+
+Dtype = Literal["auto", "bf16", "fp16", "fp32"]
+_DTYPES = ("auto", "bf16", "fp16", "fp32")
+
+
+class Amp:
+    """What ``autocast_scaled`` yields: ``backward``, ``step`` and the ``skipped`` count.
+
+    Attributes:
+        scaler: the GradScaler (None for bf16/fp32, or when the technique is off).
+        dtype: the autocast dtype, or None when autocast is disabled.
+        device_type: ``"cuda"`` or ``"cpu"``.
+        skipped: optimizer steps skipped so far because of inf/nan gradients.
+    """
+
+    def __init__(self, scaler: Any, dtype: Any, device_type: str) -> None:
+        self.scaler = scaler
+        self.dtype = dtype
+        self.device_type = device_type
+        self.skipped = 0
+
+    def _scaling(self) -> bool:
+        return self.scaler is not None and self.scaler.is_enabled()
+
+    def backward(self, loss: Any, **kwargs: Any) -> None:
+        """``scaler.scale(loss).backward()`` (a plain ``loss.backward()`` without a scaler).
+
+        Example::
+
+            amp.backward(loss)
+        """
+        warn_if_divided(loss)  # a second division by n inside tk.accumulate
+        (self.scaler.scale(loss) if self._scaling() else loss).backward(**kwargs)
+
+    def step(self, optimizer: Any, clip_grad_norm: Optional[float] = None) -> bool:
+        """Unscale, clip (optional), step and update; False when the step was skipped (inf/nan).
+
+        Inside ``tk.accumulate`` this only counts the micro-batch until the window's last one.
+
+        Args:
+            optimizer: the optimizer to step.
+            clip_grad_norm: max norm for ``torch.nn.utils.clip_grad_norm_`` on the optimizer's
+                parameters, applied to the unscaled (and accumulated) gradients; None: no clip.
+
+        Example::
+
+            amp.backward(loss); amp.step(optimizer, clip_grad_norm=1.0); optimizer.zero_grad()
+        """
+        gate = getattr(optimizer_patch(optimizer), "gate", None)
+        boundary = getattr(gate, "boundary", True)
+        if not boundary:  # inside a window: no unscale, no update, the gate counts the call
+            optimizer.step()
+            gate.amp_step = lambda: self._real_step(optimizer, clip_grad_norm, gate)
+            return True
+        if gate is not None and hasattr(gate, "amp_step"):
+            gate.amp_step = lambda: self._real_step(optimizer, clip_grad_norm, gate)
+        return self._real_step(optimizer, clip_grad_norm, gate)
+
+    def _real_step(self, optimizer: Any, clip: Optional[float], gate: Any) -> bool:
+        prepare = getattr(gate, "prepare", None)
+        if prepare is not None:
+            prepare()  # divide the window's sum first, so the clip sees the window's gradient
+        scaling = self._scaling()
+        if scaling:
+            self.scaler.unscale_(optimizer)
+        if clip is not None:
+            import torch
+
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        if not scaling:
+            optimizer.step()
+            return True
+        stepped = _step_watched(self.scaler, optimizer)
+        self.scaler.update()
+        if not stepped:
+            self.skipped += 1
+            # The LR scheduler's "lr_scheduler.step() before optimizer.step()" warning is about a
+            # forgotten step; a skipped AMP step is not one.
+            optimizer._opt_called = True
+            if gate is not None and hasattr(gate, "end_window"):
+                gate.end_window(stepped=False)  # the gate never saw this step
+        s = _active_session()
+        if s is not None:
+            s.record(AMP_SKIPPED, float(self.skipped))
+            scale = self.scaler._scale
+            s.record(AMP_SCALE, _pending_scale(scale) if scale.is_cuda else float(scale.item()))
+        return stepped
+
+    def __repr__(self) -> str:
+        return (f"<trainkit.autocast_scaled dtype={self.dtype} device_type={self.device_type!r} "
+                f"scaler={'on' if self._scaling() else 'off'} skipped={self.skipped}>")
+
+
+def _step_watched(scaler: Any, optimizer: Any) -> bool:
+    """``scaler.step(optimizer)``; True when the optimizer really stepped (no extra sync)."""
+    if getattr(optimizer, "_step_supports_amp_scaling", False):
+        found = scaler._found_inf_per_device(optimizer)
+        skipped = bool(sum(float(v.item()) for v in found.values()))  # see the module docstring
+        scaler.step(optimizer)
+        return not skipped
+    calls = [0]
+
+    def seen(*_: Any) -> None:
+        calls[0] += 1
+
+    handle = optimizer.register_step_post_hook(seen)
+    try:
+        scaler.step(optimizer)
+    finally:
+        handle.remove()
+    return calls[0] > 0
+
+
+def _pending_scale(scale: Any) -> Any:
+    from .. import timing
+
+    return timing.PendingTensor(scale.detach().clone(), timing.cuda_event())
+
+
+def _resolve_dtype(dtype: str, device_type: str, scaler: Any) -> Any:
+    import torch
+
+    if dtype == "fp32":
+        return None
+    if dtype == "bf16":
+        return torch.bfloat16
+    if dtype == "fp16":
+        return torch.float16
+    if device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
+
+
+def _check(scaler: Any, dtype: Any, device_type: Any) -> str:
+    if dtype not in _DTYPES:
+        raise ValueError(f"autocast_scaled(dtype={dtype!r}): dtype must be one of "
+                         f"{', '.join(map(repr, _DTYPES))}, e.g. autocast_scaled(scaler, dtype='bf16')")
+    if device_type is None:
+        from .. import timing
+
+        device_type = "cuda" if timing.cuda_in_use() else "cpu"
+    if device_type not in ("cuda", "cpu"):
+        raise ValueError(f"autocast_scaled(device_type={device_type!r}): device_type must be "
+                         f"'cuda', 'cpu' or None (None: 'cuda' when CUDA is in use)")
+    if scaler is not None and not all(hasattr(scaler, a) for a in ("scale", "step", "update")):
+        raise TypeError(f"autocast_scaled(scaler={scaler!r:.80}): expected a GradScaler or None, "
+                        f"e.g. autocast_scaled(torch.amp.GradScaler('cuda'))")
+    if dtype == "fp16" and device_type == "cpu" and (scaler is None or not scaler.is_enabled()):
+        raise ValueError("autocast_scaled(scaler=None, dtype='fp16') on the CPU: fp16 without a "
+                         "GradScaler underflows small gradients to zero silently; pass one, e.g. "
+                         "autocast_scaled(torch.amp.GradScaler('cpu'), dtype='fp16'), or use "
+                         "dtype='bf16'")
+    return device_type
+
+
+@contextlib.contextmanager
+def autocast_scaled(scaler: Any = None, *, dtype: Dtype = "auto",
+                    device_type: Optional[str] = None) -> Iterator[Amp]:
+    """Run the block under autocast; yield ``amp`` for ``amp.backward`` and ``amp.step``.
+
+    ``dtype="auto"`` picks bf16 where the device supports it (the CPU, Ampere+ GPUs), else fp16
+    (with the scaler). ``"fp32"`` disables autocast behind the same call site, as does the
+    ``amp`` technique switched off (``tk.technique("amp", True)`` is False): then ``amp.backward``
+    is ``loss.backward()`` and ``amp.step`` is ``optimizer.step()`` (returning True). The scaler
+    is only used with fp16 (bf16 has fp32's range); a user's own scaler calls keep working,
+    except ``scaler.step`` inside ``tk.accumulate`` (use ``amp.step`` there).
+
+    Args:
+        scaler: a ``torch.amp.GradScaler``, or None.
+        dtype: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"fp32"``.
+        device_type: ``"cuda"`` or ``"cpu"``; None: ``"cuda"`` when CUDA is in use.
+
+    Example::
+
+        scaler = torch.amp.GradScaler()
+        with tk.autocast_scaled(scaler) as amp:
+            loss = criterion(model(x), y)
+        amp.backward(loss); amp.step(optimizer); optimizer.zero_grad()
+    """
+    device_type = _check(scaler, dtype, device_type)
+    import torch
+
+    on = switches.technique("amp", True)
+    amp_dtype = _resolve_dtype(dtype, device_type, scaler) if on else None
+    use_scaler = scaler if amp_dtype is torch.float16 else None
+    if use_scaler is None and amp_dtype is torch.float16 and dtype == "auto":
+        # A scaler made here would restart at init_scale every time the block is entered.
+        raise ValueError("autocast_scaled(scaler=None, dtype='auto'): this GPU has no bf16, so "
+                         "'auto' means fp16, which needs a GradScaler; pass one created once "
+                         "before the loop, e.g. scaler = torch.amp.GradScaler('cuda')")
+    amp = Amp(use_scaler, amp_dtype, device_type)
+    if amp_dtype is None:
+        yield amp
+        return
+    with torch.autocast(device_type=device_type, dtype=amp_dtype):
+        yield amp

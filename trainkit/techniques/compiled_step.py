@@ -1,0 +1,368 @@
+"""``tk.compiled_step``: the optimizer step under ``torch.compile``, without recompiles.
+
+Raw ``torch.compile(opt.step)`` guards every Python float in ``param_groups`` as a constant, so
+each time an LR scheduler writes a new ``lr`` (or OneCycleLR new ``betas``) dynamo recompiles,
+until it reaches ``torch._dynamo.config.recompile_limit`` and silently runs the step eagerly.
+PyTorch's recipe is a tensor ``lr``; but schedulers write Python floats back
+(ReduceLROnPlateau: ``group["lr"] = new_lr``), and users and ``state_dict`` expect floats.
+
+So around every compiled call, the scheduled hyper-parameters (``lr``; ``betas`` of Adam/AdamW)
+are copied into persistent tensors with ``fill_`` (outside the graph: no guard sees the value),
+the tensors are put into ``param_groups`` for the call, and the Python values are put back
+afterwards: schedulers, ``state_dict`` and the user see exactly what they would without us.
+Compile time and recompiles are recorded (``trainkit/compile/seconds``,
+``trainkit/compile/recompiles``) apart from the step time, and a recompile after warm-up gets one
+warning naming the guard that failed.
+"""
+from __future__ import annotations
+
+import functools
+import re
+import time
+import warnings
+from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, Union, overload
+
+from ..session import active as _active_session  # the module name is rebound by __init__
+from ..recorder import COMPILE_RECOMPILES, COMPILE_SECONDS
+
+Mode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+#: Calls that may compile without a warning: the first step creates the optimizer's state,
+#: which changes what dynamo guards on, so the second call may legitimately compile again.
+WARMUP_CALLS = 2
+_FALLBACK_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+# -- validation ------------------------------------------------------------------------------------
+def _allowed_modes() -> Tuple[str, ...]:
+    try:
+        from torch._inductor import list_mode_options
+
+        return tuple(list_mode_options())
+    except Exception:  # a torch whose inductor lacks the helper
+        return _FALLBACK_MODES
+
+
+def _check_options(mode: Any, fullgraph: Any) -> None:
+    if mode is not None:
+        allowed = _allowed_modes()
+        if not isinstance(mode, str) or mode not in allowed:
+            raise ValueError(f"compiled_step(mode={mode!r}): mode must be None or one of "
+                             f"{', '.join(repr(m) for m in allowed)} (torch.compile's modes), "
+                             f"e.g. @tk.compiled_step(mode='max-autotune-no-cudagraphs')")
+    if not isinstance(fullgraph, bool):
+        raise TypeError(f"compiled_step(fullgraph={fullgraph!r}): fullgraph must be True or False, "
+                        f"e.g. @tk.compiled_step(fullgraph=True)")
+
+
+# -- hyper-parameters held as tensors --------------------------------------------------------------
+def _takes_tensor(opt: Any, group: Dict[str, Any], key: str) -> bool:
+    """Whether this group's step accepts ``key`` as a tensor (read from torch/optim's sources)."""
+    import torch
+
+    if group.get("differentiable"):
+        return False
+    if key == "betas":  # only Adam/AdamW take tensor betas; the fused kernels read them with .item()
+        if not isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)) or group.get("fused"):
+            return False
+    if group.get("capturable") or (key == "lr" and group.get("fused")):
+        return True
+    params = group["params"]
+    foreach = group.get("foreach")
+    if foreach is None:  # torch's default: foreach for CUDA parameters
+        foreach = bool(params) and params[0].is_cuda
+    if not foreach:
+        return True  # the single-tensor loops take tensor lr/betas
+    # foreach without capturable rejects tensors; dynamo sets capturable=True itself for CUDA
+    # parameters whose state does not exist yet (torch/_dynamo/variables/optimizer.py).
+    return all(p.is_cuda for p in params) and not any(opt.state.get(p) for p in params)
+
+
+class HyperTensors:
+    """Persistent tensors standing in for one optimizer's scheduled Python hyper-parameters."""
+
+    KEYS = ("lr", "betas")
+
+    def __init__(self, opt: Any) -> None:
+        self.opt = opt
+        self._tensors: Dict[Tuple[int, str], Any] = {}
+
+    def _tensor(self, gi: int, key: str, value: float, device: Any) -> Any:
+        import torch
+
+        t = self._tensors.get((gi, key))
+        if t is None:
+            t = self._tensors[(gi, key)] = torch.zeros((), dtype=torch.float32, device=device)
+        t.fill_(value)  # a plain copy outside the graph: dynamo never sees the float
+        return t
+
+    def swap_in(self) -> List[Tuple[Dict[str, Any], str, Any]]:
+        """Put tensors holding the current values into ``param_groups``; returns what to restore."""
+        saved = []
+        for gi, group in enumerate(self.opt.param_groups):
+            params = group["params"]
+            device = params[0].device if params else "cpu"
+            for key in self.KEYS:
+                value = group.get(key)
+                if key == "lr" and isinstance(value, float):
+                    new: Any = self._tensor(gi, "lr", value, device)
+                elif (key == "betas" and isinstance(value, tuple) and len(value) == 2
+                      and all(isinstance(b, float) for b in value)):
+                    new = (self._tensor(gi, "beta1", value[0], device),
+                           self._tensor(gi, "beta2", value[1], device))
+                else:
+                    continue  # absent, or already a tensor (the user's own recipe)
+                if not _takes_tensor(self.opt, group, key):
+                    continue
+                saved.append((group, key, value))
+                group[key] = new
+        return saved
+
+    @staticmethod
+    def restore(saved: List[Tuple[Dict[str, Any], str, Any]]) -> None:
+        for group, key, value in saved:
+            group[key] = value
+
+
+# -- compile bookkeeping ---------------------------------------------------------------------------
+def _dynamo_marks() -> Tuple[int, int]:
+    """(frames compiled so far, guard failures so far): exist on torch 2.11 and 2.14 alike."""
+    from torch._dynamo.utils import counters, guard_failures
+
+    return counters["frames"]["total"], sum(len(v) for v in guard_failures.values())
+
+
+def _new_failures(before: int) -> List[str]:
+    from torch._dynamo.utils import guard_failures
+
+    reasons = [r for v in guard_failures.values() for r in v]
+    return [str(r) for r in reasons[before:]] if len(reasons) > before else []
+
+
+def _latest_entry_reason(reasons: List[str]) -> str:
+    """The failure of the newest cache entry: older entries fail on stale state (e.g. "the
+    optimizer state is empty", true only before the first step), the newest on what changed."""
+    def entry(reason: str) -> int:
+        m = re.match(r"\s*\[?(\d+)/(\d+)", reason)
+        return int(m.group(2)) if m else -1
+
+    return max(reasons, key=entry).strip() if reasons else "unknown guard"
+
+
+class _Compiled:
+    """A compiled callable plus the hyper-parameter swap, compile timing and recompile watch."""
+
+    def __init__(self, fn: Callable[..., Any], optimizers: Callable[[], List[Any]], *,
+                 mode: Optional[str], fullgraph: bool, name: str) -> None:
+        import torch
+
+        self.compiled = torch.compile(fn, mode=mode, fullgraph=fullgraph)
+        self.optimizers = optimizers
+        self.name = name
+        self.calls = 0
+        self.recompiles = 0
+        self.compile_seconds = 0.0
+        self.warned = False
+        self._hyper: Dict[int, HyperTensors] = {}
+
+    def _hyper_for(self, opt: Any) -> HyperTensors:
+        h = self._hyper.get(id(opt))
+        if h is None or h.opt is not opt:
+            h = self._hyper[id(opt)] = HyperTensors(opt)
+        return h
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        saved: List[Tuple[Dict[str, Any], str, Any]] = []
+        frames0, fails0 = _dynamo_marks()
+        t0 = time.perf_counter()
+        try:
+            for opt in self.optimizers():
+                saved.extend(self._hyper_for(opt).swap_in())
+            return self.compiled(*args, **kwargs)
+        finally:
+            HyperTensors.restore(saved)
+            self.calls += 1
+            frames1, fails1 = _dynamo_marks()
+            if frames1 != frames0:  # this call compiled: its time is compile time, not step time
+                self._compiled(time.perf_counter() - t0, fails1 > fails0, fails0)
+
+    def _compiled(self, seconds: float, recompiled: bool, fails0: int) -> None:
+        self.compile_seconds += seconds
+        late = self.calls > WARMUP_CALLS
+        if recompiled and late:  # warm-up compiles are expected: only these cost a healthy run
+            self.recompiles += 1
+        s = _active_session()
+        if s is not None:
+            s.record(COMPILE_SECONDS, seconds)
+            s.record(COMPILE_RECOMPILES, float(self.recompiles))
+        if recompiled and late and not self.warned:
+            self.warned = True
+            guard = _latest_entry_reason(_new_failures(fails0))
+            warnings.warn(
+                f"trainkit.compiled_step({self.name}): torch.compile recompiled the optimizer step "
+                f"at call {self.calls}, after warm-up; the guard that failed: {guard}. Each "
+                f"recompile costs seconds and after torch._dynamo.config.recompile_limit the step "
+                f"silently runs eagerly. Fix: keep the value that guard names constant between "
+                f"steps, or make it a tensor when you create the optimizer (e.g. "
+                f"lr=torch.tensor(0.01)); trainkit holds lr and Adam/AdamW betas as tensors "
+                f"itself. torch._logging.set_logs(recompiles=True) shows every recompile.",
+                RuntimeWarning, stacklevel=3)
+
+
+# -- public ------------------------------------------------------------------------------------------
+def compile_core(opt: Any, step: Callable[..., Any], *, mode: Optional[str] = None,
+                 fullgraph: bool = False) -> Callable[..., Any]:
+    """The core step of a patched optimizer: ``step`` compiled, or ``step`` when compile is off.
+
+    A call with a closure (LBFGS, ``step(closure)``) runs eagerly: dynamo cannot keep the
+    closure's forward/backward and the update in one graph, and results must equal eager.
+    """
+    from ..switches import technique
+
+    _check_options(mode, fullgraph)
+    if not technique("compile", True):
+        return step
+    compiled = _Compiled(step, lambda: [opt], mode=mode, fullgraph=fullgraph,
+                         name=type(opt).__name__)
+
+    def core(*args: Any, **kwargs: Any) -> Any:
+        if args or kwargs:
+            return step(*args, **kwargs)
+        return compiled()
+
+    core.trainkit_compiled = compiled  # type: ignore[attr-defined]
+    return core
+
+
+def referenced_optimizers(fn: Callable[..., Any]) -> List[Any]:
+    """The optimizers a function names: its globals, closure cells and default arguments."""
+    import torch
+
+    inner = getattr(fn, "__wrapped__", fn)
+    code = getattr(inner, "__code__", None)
+    if code is None:
+        return []
+    found: List[Any] = []
+    glb = getattr(inner, "__globals__", {})
+    candidates = [glb.get(n) for n in code.co_names]
+    candidates += [c.cell_contents for c in (inner.__closure__ or ()) if _cell_full(c)]
+    candidates += list(inner.__defaults__ or ())
+    for obj in candidates:
+        if isinstance(obj, torch.optim.Optimizer) and all(obj is not f for f in found):
+            found.append(obj)
+    return found
+
+
+def _cell_full(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # a free variable not assigned yet
+        return False
+    return True
+
+
+def _decorate(fn: Callable[..., Any], *, mode: Optional[str], fullgraph: bool) -> Callable[..., Any]:
+    from ..patch import optimizer_patch
+    from ..switches import technique
+
+    if not technique("compile", True):
+        return fn
+    # Looked up at each call (cheap: a few dict reads): the optimizer may be created, or
+    # reassigned, after the function is decorated.
+    compiled = _Compiled(fn, lambda: referenced_optimizers(fn), mode=mode, fullgraph=fullgraph,
+                         name=getattr(fn, "__qualname__", repr(fn)))
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        patches = [(o, p) for o in referenced_optimizers(fn)
+                   if (p := optimizer_patch(o)) is not None]
+        if not patches:
+            return compiled(*args, **kwargs)
+        # A patched optimizer's gate and timers stay outside the graph: the first patched
+        # optimizer's pipeline runs the whole compiled function as its core, and inside it every
+        # patched optimizer's step is its own step (the same object each call: no guard fails).
+        opt0, p0 = patches[0]
+        saved_core = p0.core
+
+        def core(*_a: Any, **_k: Any) -> Any:
+            before = [o.__dict__.get("step") for o, _p in patches]  # ours, or a scheduler's wrapper
+            for o, p in patches:
+                o.__dict__["step"] = p.orig_step
+            try:
+                return compiled(*args, **kwargs)
+            finally:
+                for (o, _p), prev in zip(patches, before):
+                    o.__dict__["step"] = prev
+
+        p0.core = core
+        try:
+            return p0.step()
+        finally:
+            p0.core = saved_core
+
+    wrapper.trainkit_compiled = compiled  # type: ignore[attr-defined]
+    return wrapper
+
+
+@overload
+def compiled_step(target: Callable[..., Any], *, mode: Optional[Mode] = None,
+                  fullgraph: bool = False) -> Callable[..., Any]: ...
+@overload
+def compiled_step(target: None = None, *, mode: Optional[Mode] = None,
+                  fullgraph: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+
+
+def compiled_step(target: Any = None, *, mode: Optional[Mode] = None,
+                  fullgraph: bool = False) -> Any:
+    """Run an optimizer step under ``torch.compile`` with no recompiles under LR schedulers.
+
+    Three forms: ``@tk.compiled_step`` or ``@tk.compiled_step(mode=..., fullgraph=...)`` on a
+    function that steps the optimizer(s) it names (globals, closure cells or default
+    arguments); and ``tk.compiled_step(optimizer)``, which compiles that optimizer's own step in
+    place (the same as ``tk.patch(optimizer, compile=True)``) and returns the optimizer.
+
+    ``lr`` and Adam/AdamW ``betas`` are handed to the compiled code as tensors refreshed before
+    each call, so schedulers (LinearLR, OneCycleLR, ReduceLROnPlateau...) cause no recompile;
+    ``param_groups`` hold the Python values between calls. Compile time and recompiles are
+    recorded as ``trainkit/compile/seconds`` and ``trainkit/compile/recompiles``. With
+    ``tk.technique("compile")`` switched off it returns the function (or optimizer) as it is.
+
+    Args:
+        target: the step function, or an optimizer, or None (decorator with options).
+        mode: ``torch.compile``'s mode: None, ``"default"``, ``"reduce-overhead"``,
+            ``"max-autotune"`` or ``"max-autotune-no-cudagraphs"``.
+        fullgraph: as in ``torch.compile``: raise on a graph break instead of splitting.
+
+    Example::
+
+        @tk.compiled_step
+        def step():
+            opt.step()
+
+        for x, y in loader:
+            loss_fn(model(x), y).backward(); step(); sched.step(); opt.zero_grad()
+    """
+    import torch
+
+    _check_options(mode, fullgraph)
+    if isinstance(target, torch.optim.Optimizer):
+        from ..patch import _patch_optimizer, optimizer_patch
+
+        p = optimizer_patch(target)
+        if p is not None and p.compiled:
+            return target
+        _patch_optimizer(target, compile=False)
+        p = optimizer_patch(target)
+        p.core = compile_core(target, p.orig_step, mode=mode, fullgraph=fullgraph)
+        p.compiled = True
+        return target
+    if target is None:
+        return functools.partial(_decorate_checked, mode=mode, fullgraph=fullgraph)
+    return _decorate_checked(target, mode=mode, fullgraph=fullgraph)
+
+
+def _decorate_checked(fn: Any, *, mode: Optional[str], fullgraph: bool) -> Callable[..., Any]:
+    if not callable(fn) or isinstance(fn, type):
+        raise TypeError(f"compiled_step({fn!r:.80}): expected a function that steps the optimizer "
+                        f"or a torch.optim.Optimizer; e.g. @tk.compiled_step on `def step(): "
+                        f"opt.step()`, or tk.compiled_step(optimizer)")
+    return _decorate(fn, mode=mode, fullgraph=fullgraph)

@@ -1,0 +1,53 @@
+"""The ``pin_memory`` and ``num_workers`` techniques, applied when ``tk.patch(loader)`` runs.
+
+A ``DataLoader`` cannot change these after construction, so when an override asks for a value
+other than the loader's, ``tk.patch`` builds an equivalent loader (same dataset, batches,
+sampler, collate_fn, worker settings) with the new values. ``pin_memory`` only matters when CUDA
+is available (without it torch warns and ignores it), so it is left as it is otherwise.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+
+def rebuild(loader: Any) -> Any:
+    """``loader``, or an equivalent DataLoader with the ``pin_memory``/``num_workers`` in force.
+
+    Example::
+
+        with tk.switches.overrides({"num_workers": 0}):
+            loader = tk.patch(DataLoader(ds, batch_size=64, num_workers=4))   # now 0 workers
+    """
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from .. import switches
+
+    if not isinstance(loader, DataLoader):
+        return loader
+    workers = switches.technique("num_workers", loader.num_workers)
+    pin = switches.technique("pin_memory", loader.pin_memory)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise ValueError(f"technique('num_workers') = {workers!r}: must be an int >= 0, e.g. 4")
+    pin = bool(pin) if torch.cuda.is_available() else loader.pin_memory
+    if workers == loader.num_workers and pin == loader.pin_memory:
+        return loader
+    kwargs: dict = dict(
+        num_workers=workers, pin_memory=pin, collate_fn=loader.collate_fn,
+        timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context if workers > 0 else None,
+        generator=loader.generator,
+        persistent_workers=loader.persistent_workers and workers > 0,
+        prefetch_factor=loader.prefetch_factor if workers > 0 else None,
+        pin_memory_device=getattr(loader, "pin_memory_device", "") if pin else "",
+    )
+    if "in_order" in inspect.signature(DataLoader.__init__).parameters:
+        kwargs["in_order"] = getattr(loader, "in_order", True)
+    if isinstance(loader.dataset, IterableDataset):
+        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
+    elif loader.batch_sampler is not None:  # auto-batching: the same batch sampler, same order
+        kwargs.update(batch_sampler=loader.batch_sampler)
+    else:
+        kwargs.update(batch_size=None, sampler=loader.sampler)
+    return DataLoader(loader.dataset, **kwargs)
