@@ -15,6 +15,8 @@ Example::
 Importing trainkit is cheap: torch, tensorboard, matplotlib and rich are imported where used.
 """
 from .patch import patch, unpatch
+from .profiling.analyze import analyze
+from .profiling.finding import Finding
 from .profiling.regions import profile_region
 from .profiling.schedule import ProfileSchedule
 from .session import Session, active, session
@@ -28,10 +30,12 @@ from .techniques.transfer import to_device
 __version__ = "0.1.0"
 
 __all__ = [
+    "Finding",
     "ProfileSchedule",
     "Session",
     "accumulate",
     "active",
+    "analyze",
     "autocast_scaled",
     "channels_last",
     "compiled_step",

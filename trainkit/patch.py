@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator, Optional
 from .session import active as _active_session
 from . import timing
 from .recorder import CLOSURE_MS, DATA_WAIT, ITEMS, UPDATE_MS
+from .profiling.regions import profiler_enabled, record_function
 from .techniques.transfer import items_counter
 
 _ATTR = "_trainkit_patch"
@@ -92,7 +93,11 @@ class OptimizerPatch:
         gpu = self.cuda()
         ev0 = timing.cuda_event() if gpu and closure is None else None
         t0 = timing.now()
-        out = self.core(*args, **kwargs)
+        if profiler_enabled():  # name the step in traces; the unprofiled path stays bare
+            with record_function("trainkit/optimizer_step"):
+                out = self.core(*args, **kwargs)
+        else:
+            out = self.core(*args, **kwargs)
         t1 = timing.now()
         if ev0 is not None:
             end: Any = timing.cuda_event()
@@ -218,7 +223,11 @@ class PatchedLoader:
         while True:
             t0 = now()
             try:
-                batch = next(it)
+                if profiler_enabled():  # the wait shows as a named range in traces
+                    with record_function("trainkit/data_wait"):
+                        batch = next(it)
+                else:
+                    batch = next(it)
             except StopIteration:
                 return
             t1 = now()

@@ -26,6 +26,8 @@ H2D_PINNED_PCT = PREFIX + "h2d_pinned_pct"
 CLOSURE_MS = PREFIX + "closure_ms"
 UPDATE_MS = PREFIX + "update_ms"
 REGION = PREFIX + "region/"
+GC_MS = PREFIX + "gc_ms"  # time in Python garbage collections during the step
+GC_FULL = PREFIX + "gc_full_collections"  # full (generation 2) collections, e.g. gc.collect()
 COMPILE_SECONDS = PREFIX + "compile/seconds"  # wall time of the calls that compiled
 COMPILE_RECOMPILES = PREFIX + "compile/recompiles"  # running count
 # Internal tags (never written as such): inputs of derived rates, and a step's end time.
@@ -38,7 +40,7 @@ STEP_END = "_t"
 # closure calls of LBFGS); anything else a step records more than once is averaged (the losses
 # of the micro-batches of one accumulation window give the window's loss).
 _SUMMED = (DATA_WAIT, H2D_MS, CLOSURE_MS, UPDATE_MS, ITEMS, H2D_BYTES, H2D_PINNED_BYTES,
-           PREFIX + "amp/skipped_steps_in_step", COMPILE_SECONDS)
+           GC_MS, GC_FULL, PREFIX + "amp/skipped_steps_in_step", COMPILE_SECONDS)
 _LAST = (STEP_END, PREFIX + "amp/scale", COMPILE_RECOMPILES, PREFIX + "amp/skipped_steps")
 
 Record = Tuple[str, int, Any]

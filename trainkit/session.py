@@ -107,6 +107,9 @@ class Session:
         self._on_close: List[Callable[[], None]] = []
         #: technique -> value in force, as read by tk.technique during this session.
         self.techniques: Dict[str, Any] = {}
+        from .profiling import gcwatch
+
+        self._on_close.append(gcwatch.install(self))
         self._profiler = None
         if self.profile is not None:
             from .profiling.trace import start_profiler

@@ -32,6 +32,20 @@ _tags: Dict[str, str] = {}  # name -> its TensorBoard tag, built once
 _checked: set = set()  # names already validated: a region is entered every step
 
 
+def record_function(name: str) -> Any:
+    """A ``torch.profiler.record_function`` range; call it only while :func:`profiler_enabled`.
+
+    Example::
+
+        if profiler_enabled():
+            with record_function("trainkit/optimizer_step"):
+                optimizer.step()
+    """
+    import torch
+
+    return torch.profiler.record_function(name)
+
+
 def check_name(name: Any, what: str = "profile_region") -> str:
     if name in _checked:
         return name

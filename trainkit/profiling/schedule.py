@@ -9,7 +9,9 @@ class ProfileSchedule:
     """Profile ``active`` steps after ``wait`` idle and ``warmup`` steps, ``repeat`` times.
 
     Steps are the patched optimizer's real steps: no ``prof.step()`` in the loop. Each cycle
-    writes one trace (``*.pt.trace.json``) into the session's logdir.
+    writes one trace (``*.pt.trace.json``, or ``*.pt.trace.json.gz`` with ``gzip=True``, about
+    10x smaller) into the session's logdir. A trace holds ``active`` steps, so ``active`` bounds
+    its size: keep it small (2-5 steps show a steady state).
 
     Example::
 
@@ -21,8 +23,12 @@ class ProfileSchedule:
     warmup: int
     active: int
     repeat: int = 1
+    gzip: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.gzip, bool):
+            raise TypeError(f"ProfileSchedule(gzip={self.gzip!r}): gzip must be True or False, "
+                            f"e.g. ProfileSchedule(wait=10, warmup=2, active=3, gzip=True)")
         for name, minimum in (("wait", 0), ("warmup", 0), ("active", 1), ("repeat", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

@@ -11,6 +11,7 @@ from typing import Any, List, Optional
 
 from ..session import active as _active_session
 from .. import timing
+from ..profiling.regions import profiler_enabled, record_function
 from ..recorder import H2D_BYTES, H2D_MS, H2D_PINNED_BYTES
 
 
@@ -83,7 +84,11 @@ def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> 
     ev0 = timing.cuda_event() if gpu else None
     t0 = timing.now()
     acc = [0, 0]
-    out = _move(obj, dev, non_blocking, acc)
+    if profiler_enabled():  # the copies show as a named range in traces
+        with record_function("trainkit/to_device"):
+            out = _move(obj, dev, non_blocking, acc)
+    else:
+        out = _move(obj, dev, non_blocking, acc)
     if acc[0]:
         elapsed: Any = (timing.PendingInterval(ev0, timing.cuda_event()) if gpu
                         else (timing.now() - t0) * 1e3)

@@ -1,0 +1,209 @@
+"""tk.analyze on planted loops (CPU causes) and on trace fixtures (GPU causes)."""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import io
+import os
+import shutil
+
+import pytest
+
+import trainkit as tk
+from trainkit.profiling.analyzers.records import Steps
+from trainkit.profiling.cli import main, run as cli_run
+from trainkit.profiling.runs import load_run
+from trainkit.recorder import PREFIX
+from trainkit.sinks.tensorboard import EventFileWriter
+
+from .conftest import SleepyDataset, fixture_run, train
+
+
+def codes(findings):
+    return [f.code for f in findings]
+
+
+def by_code(findings, code):
+    (f,) = [f for f in findings if f.code == code]
+    return f
+
+
+def test_data_wait_share_matches_the_planted_sleep(logdir):
+    import torch
+
+    sleep_s = 0.01
+    ds = SleepyDataset(25, sleep_s)
+    train(logdir, loader=torch.utils.data.DataLoader(ds, batch_size=1))
+    f = by_code(tk.analyze(logdir), "TK101")
+    st = Steps(load_run(logdir, logdir))
+    # the planted sleep of the timed steps (step k loads item k-1) over their measured time
+    planted = sum(ds.slept[k - 1] for k in st.steps) * 1e3 / st.total_ms
+    assert planted > 0.3  # the plant dominates the step, else the test proves little
+    assert abs(f.share - planted) <= 0.10, (f.share, planted)
+    assert f.severity == "high" and "num_workers" in f.fix and "pin_memory" in f.fix
+    assert f.count == len(st)
+
+
+def test_a_loop_without_planted_causes_has_no_findings(logdir):
+    train(logdir, steps=15)
+    assert tk.analyze(logdir) == []
+
+
+def test_gc_collect_every_step_is_found(logdir):
+    train(logdir, steps=8, each_step=gc.collect)
+    f = by_code(tk.analyze(logdir), "TK106")
+    assert f.count >= 6 and "gc.collect()" in f.evidence
+
+
+def test_optimizer_step_dominating_is_found(logdir):
+    import torch
+
+    class BigCheap(torch.nn.Module):
+        """~4M parameters that cost one sum forward: the update dwarfs the forward and backward."""
+
+        in_features = 16
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 1)
+            self.big = torch.nn.Parameter(torch.zeros(2000, 2000))
+
+        def forward(self, x):
+            return self.lin(x) + self.big.sum() * 0.0
+
+    opt = lambda params: torch.optim.Adam(params, foreach=False)
+    train(logdir, steps=8, model=BigCheap(), optimizer=opt)
+    f = by_code(tk.analyze(logdir), "TK104")
+    assert f.share >= 0.3 and "fused=True" in f.fix and "compiled_step" in f.fix
+
+
+def test_pageable_copies_are_found_from_the_records(logdir):
+    import torch
+
+    def copy():  # a pageable source: nothing pinned on this CPU-only machine
+        tk.to_device(torch.randn(256, 256), "meta")
+
+    train(logdir, steps=6, each_step=copy)
+    f = by_code(tk.analyze(logdir), "TK102")
+    assert "100% of the bytes" in f.evidence and "pin_memory=True" in f.fix
+
+
+def test_recompiles_are_found(logdir):
+    w = EventFileWriter(logdir)
+    for step in range(1, 6):
+        w.write_scalars(step=step, values={PREFIX + "step_time_ms": 10.0,
+                                           PREFIX + "compile/recompiles": float(step // 2)})
+    w.close()
+    f = by_code(tk.analyze(logdir), "TK105")
+    assert f.count == 2 and f.share is None
+
+
+def test_gpu_syncs_and_pageable_copies_from_a_trace(tmp_path):
+    found = tk.analyze(fixture_run(tmp_path, "gpu_syncs.pt.trace.json"))
+    assert codes(found) == ["TK103", "TK102"]  # known share first
+    sync = found[0]
+    assert sync.count == 2 and 0.4 < sync.share < 0.55
+    assert "Pageable" in found[1].evidence
+
+
+def test_empty_cache_every_step_from_a_trace(tmp_path):
+    f = by_code(tk.analyze(fixture_run(tmp_path, "gpu_empty_cache.pt.trace.json")), "TK109")
+    assert f.count == 4 and "2 of 2" in f.evidence
+
+
+def test_launch_bound_and_small_kernels_from_a_trace(tmp_path):
+    found = tk.analyze(fixture_run(tmp_path, "gpu_launch_bound.pt.trace.json"))
+    assert set(codes(found)) == {"TK107", "TK108"}
+    assert "reduce-overhead" in by_code(found, "TK107").fix
+
+
+def test_a_healthy_gpu_trace_has_no_findings(tmp_path):
+    assert tk.analyze(fixture_run(tmp_path, "gpu_healthy.pt.trace.json")) == []
+
+
+def test_a_truncated_trace_is_a_finding_naming_the_file(tmp_path):
+    run = fixture_run(tmp_path, "truncated.pt.trace.json", "gpu_healthy.pt.trace.json")
+    (f,) = tk.analyze(run)
+    assert f.code == "TK100" and "truncated.pt.trace.json" in f.evidence
+    assert "Traceback" not in f.evidence and "JSONDecodeError" not in f.evidence
+
+
+def test_findings_are_sorted_most_costly_first(tmp_path, logdir):
+    train(logdir, steps=8, each_step=gc.collect)
+    for name in ("gpu_syncs.pt.trace.json", "truncated.pt.trace.json"):
+        shutil.copy(os.path.join(os.path.dirname(__file__), "fixtures", name), logdir)
+    found = tk.analyze(logdir)
+    shares = [f.share for f in found if f.share is not None]
+    assert shares == sorted(shares, reverse=True)
+    assert found[-1].share is None  # unknown shares last
+
+
+def test_a_folder_without_a_trainkit_run_is_a_clear_error(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(ValueError, match=r"no trainkit run in .*no TensorBoard event file with "
+                                         r"trainkit/ scalars and no \*\.pt\.trace\.json"):
+        tk.analyze(tmp_path)
+    with pytest.raises(ValueError, match="no such folder"):
+        tk.analyze(tmp_path / "missing")
+    with pytest.raises(TypeError):
+        tk.analyze(42)
+
+
+def test_ranks_are_separate_runs(tmp_path):
+    for rank in (0, 1):
+        shutil.copytree(fixture_run(tmp_path / f"src{rank}", "gpu_empty_cache.pt.trace.json"),
+                        tmp_path / "logs" / f"rank{rank}")
+    assert sorted(f.run for f in tk.analyze(tmp_path / "logs")) == ["rank0", "rank1"]
+
+
+def test_cli_exit_codes(tmp_path, capsys):
+    assert main([fixture_run(tmp_path, "gpu_empty_cache.pt.trace.json")]) == 1
+    assert "TK109" in capsys.readouterr().out
+    clean = tmp_path / "clean"
+    shutil.copytree(fixture_run(tmp_path / "x", "gpu_healthy.pt.trace.json"), clean)
+    assert main([str(clean)]) == 0
+    assert main([str(tmp_path / "missing")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    assert main([]) == 2
+
+
+def test_cli_json_output(tmp_path):
+    import argparse
+    import json
+
+    out = io.StringIO()
+    args = argparse.Namespace(logdir=fixture_run(tmp_path, "gpu_empty_cache.pt.trace.json"), json=True)
+    assert cli_run(args, out=out) == 1
+    assert json.loads(out.getvalue())[0]["code"] == "TK109"
+
+
+def test_finding_is_frozen_and_validated():
+    f = tk.Finding(code="TK1", title="t", evidence="e", share=0.5, count=1, fix="x", severity="low")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        f.share = 0.1
+    with pytest.raises(ValueError, match="severity='urgent'"):
+        dataclasses.replace(f, severity="urgent")
+    with pytest.raises(ValueError, match="share=-1"):
+        dataclasses.replace(f, share=-1)
+
+
+@pytest.mark.cuda
+def test_item_every_step_on_a_gpu_is_a_host_sync_in_a_real_trace(logdir):
+    import torch
+
+    model = torch.nn.Linear(256, 256).cuda()
+    batches = [(torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda"))
+               for _ in range(8)]
+    train(logdir, model=model, loader=batches, each_step=lambda: float(model.weight.sum().item()),
+          profile=tk.ProfileSchedule(wait=2, warmup=1, active=3))
+    (name,) = [f for f in os.listdir(logdir) if ".pt.trace.json" in f]
+    f = by_code(tk.analyze(logdir), "TK103")
+    assert f.count >= 3, f
+
+
+def test_trainkit_analyze_through_the_main_cli(tmp_path, capsys):
+    from trainkit.cli import main as trainkit_main
+
+    assert trainkit_main(["analyze", fixture_run(tmp_path, "gpu_empty_cache.pt.trace.json")]) == 1
+    assert "TK109" in capsys.readouterr().out
+    assert trainkit_main(["analyze", str(tmp_path / "missing")]) == 2

@@ -1,0 +1,85 @@
+"""Traces driven by the patched optimizer's steps: where they go, what they hold, what it costs."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+
+import pytest
+
+import trainkit as tk
+from trainkit.profiling.runs import read_trace
+
+from .conftest import train
+
+
+def _traces(logdir: str) -> list:
+    return sorted(f for f in os.listdir(logdir) if ".pt.trace.json" in f)
+
+
+def test_one_trace_per_cycle_in_the_logdir_that_parses(logdir):
+    train(logdir, steps=10, profile=tk.ProfileSchedule(wait=1, warmup=1, active=2, repeat=2))
+    names = _traces(logdir)
+    assert len(names) == 2, names
+    for name in names:
+        assert name.endswith(".pt.trace.json")
+        events = read_trace(os.path.join(logdir, name))
+        labels = {e.get("name") for e in events if e.get("cat") == "user_annotation"}
+        steps = {n for n in labels if n.startswith("ProfilerStep#")}
+        assert len(steps) == 2, labels
+        # the trainkit stages and the user's regions are named in the trace
+        assert {"trainkit/optimizer_step", "trainkit/data_wait", "forward", "backward"} <= labels
+
+
+def test_to_device_is_named_in_traces(logdir):
+    import torch
+
+    train(logdir, steps=4, profile=tk.ProfileSchedule(wait=0, warmup=0, active=2),
+          each_step=lambda: tk.to_device(torch.ones(4), "meta"))
+    (name,) = _traces(logdir)
+    assert "trainkit/to_device" in {e.get("name") for e in read_trace(os.path.join(logdir, name))}
+
+
+def test_gzip_option_writes_compressed_traces(logdir):
+    train(logdir, steps=6, profile=tk.ProfileSchedule(wait=0, warmup=1, active=2, gzip=True))
+    (name,) = _traces(logdir)
+    assert name.endswith(".pt.trace.json.gz")
+    with gzip.open(os.path.join(logdir, name), "rt") as fh:
+        assert json.load(fh)["traceEvents"]
+
+
+def test_profiling_off_means_no_profiler_object(logdir):
+    s = tk.session(logdir=logdir, system_metrics=False)
+    try:
+        assert s._profiler is None
+    finally:
+        s.close()
+    assert _traces(logdir) == []
+
+
+def test_outside_the_active_window_nothing_is_recorded(logdir):
+    from trainkit.profiling.regions import profiler_enabled
+
+    seen = []
+    train(logdir, steps=5, profile=tk.ProfileSchedule(wait=10**6, warmup=0, active=1),
+          each_step=lambda: seen.append(profiler_enabled()))
+    assert not any(seen)
+    assert _traces(logdir) == []
+
+
+def test_a_cycle_cut_short_by_close_is_written(logdir):
+    train(logdir, steps=4, profile=tk.ProfileSchedule(wait=1, warmup=0, active=100))
+    assert len(_traces(logdir)) == 1
+
+
+@pytest.mark.parametrize("kwargs", [dict(wait=0, warmup=0, active=0), dict(wait=-1, warmup=0, active=1),
+                                    dict(wait=0, warmup=-2, active=1), dict(wait=0, warmup=0, active=1, repeat=0),
+                                    dict(wait=0, warmup=0, active=1.5), dict(wait=True, warmup=0, active=1)])
+def test_bad_schedules_are_rejected_with_the_value(kwargs):
+    with pytest.raises(ValueError, match=r"ProfileSchedule\(\w+=.*must be an int >= "):
+        tk.ProfileSchedule(**kwargs)
+
+
+def test_bad_gzip_is_rejected():
+    with pytest.raises(TypeError, match="gzip='yes'"):
+        tk.ProfileSchedule(wait=0, warmup=0, active=1, gzip="yes")

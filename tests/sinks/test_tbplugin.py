@@ -1,0 +1,115 @@
+"""The trainkit tab in a real TensorBoard server on loopback."""
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import shutil
+import urllib.error
+import urllib.request
+
+import pytest
+
+import trainkit as tk
+from trainkit.sinks.tbplugin.data import TabData
+from trainkit.sinks.tbplugin.launch import serve
+
+from ..profiling.conftest import FIXTURES, train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def get(url: str):
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return resp.status, resp.headers, resp.read()
+
+
+def get_json(url: str):
+    return json.loads(get(url)[2])
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tb")
+    train(str(root / "exp1"), steps=8, profile=tk.ProfileSchedule(wait=1, warmup=1, active=2))
+    (root / "gpu").mkdir()
+    shutil.copy(os.path.join(FIXTURES, "gpu_syncs.pt.trace.json"), root / "gpu")
+    (root / "other").mkdir()  # a folder that is no trainkit run
+    (root / "other" / "notes.txt").write_text("x")
+    return str(root)
+
+
+def test_a_real_tensorboard_lists_the_tab_and_serves_its_routes(logdir):
+    with serve(logdir) as url:
+        listing = get_json(url + "/data/plugins_listing")
+        assert listing["trainkit"]["enabled"] is True
+        assert listing["trainkit"]["loading_mechanism"]["module_path"] == "/data/plugin/trainkit/index.js"
+
+        base = url + "/data/plugin/trainkit"
+        assert get_json(base + "/runs") == ["exp1", "gpu"]
+
+        rep = get_json(base + "/report?run=exp1")
+        assert rep["steps"] >= 5
+        assert set(rep["breakdown"]) == {"data_wait", "h2d", "forward", "backward", "optimizer",
+                                         "other", "step"}
+        assert rep["breakdown"]["forward"] > 0 and rep["breakdown"]["backward"] > 0
+        assert rep["ablation"] == {"rows": [], "message": "no ablation recorded"}
+        (trace,) = rep["traces"]
+        assert trace.endswith(".pt.trace.json")
+
+        gpu = get_json(base + "/report?run=gpu")
+        assert [f["code"] for f in gpu["findings"]] == ["TK103", "TK102"]
+
+        status, headers, body = get(f"{base}/trace?run=exp1&file={trace}")
+        assert status == 200 and "attachment" in headers["Content-Disposition"]
+        assert json.loads(body)["traceEvents"]
+
+        status, headers, body = get(base + "/index.js")
+        assert "javascript" in headers["Content-Type"] and b"export async function render" in body
+        assert b"http://" not in body.replace(b"https://ui.perfetto.dev", b"")
+
+
+@pytest.mark.parametrize("query", ["run=exp1&file=../gpu/gpu_syncs.pt.trace.json",
+                                   "run=../exp1&file=x", "run=exp1&file=/etc/passwd",
+                                   "run=exp1&file=events.out.tfevents.0", "run=exp1"])
+def test_trace_route_rejects_anything_not_listed(logdir, query):
+    data = TabData(logdir)
+    args = dict(p.split("=", 1) for p in query.split("&"))
+    assert data.trace_path(args["run"], args.get("file", "")) is None
+
+
+def test_report_of_an_unknown_run_is_none(logdir):
+    assert TabData(logdir).report("other") is None
+    assert TabData(logdir).report("nope") is None
+
+
+def test_the_tab_is_inactive_without_trainkit_runs(tmp_path):
+    from tensorboard.plugins import base_plugin
+
+    from trainkit.sinks.tbplugin import TrainkitPlugin
+
+    (tmp_path / "notes.txt").write_text("x")
+    assert not TrainkitPlugin(base_plugin.TBContext(logdir=str(tmp_path))).is_active()
+
+
+def test_an_ablation_file_is_shown(tmp_path):
+    shutil.copy(os.path.join(FIXTURES, "gpu_healthy.pt.trace.json"), tmp_path)
+    rows = [{"technique": "amp", "verdict": "helped", "ratio": 0.71}]
+    (tmp_path / "ablation.json").write_text(json.dumps({"rows": rows}))
+    assert TabData(str(tmp_path)).report(".")["ablation"] == {"rows": rows, "message": ""}
+
+
+def test_entry_point_is_declared_in_setup_cfg():
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(ROOT, "setup.cfg"))
+    entry = cfg["options.entry_points"]["tensorboard_plugins"].strip()
+    name, target = (part.strip() for part in entry.split("="))
+    module, attr = target.split(":")
+    assert name == "trainkit"
+    import importlib
+
+    from tensorboard.plugins import base_plugin
+
+    loader = getattr(importlib.import_module(module), attr)
+    assert issubclass(loader, base_plugin.TBLoader)
+    assert "sinks/tbplugin/static/*" in cfg["options.package_data"]["trainkit"]

@@ -1,0 +1,120 @@
+"""``tk.analyze(logdir)``: findings read from a session's records and torch.profiler traces.
+
+Each run under the logdir (the logdir itself, or ``rank<N>`` folders under torchrun) is read
+once: its ``trainkit/*`` scalars go through :mod:`.analyzers.records`, its traces through
+:mod:`.analyzers.traces`. A trace that cannot be read becomes a finding naming the file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Dict, List, Tuple, Union
+
+from .analyzers import records as record_rules
+from .analyzers import traces as trace_rules
+from .finding import Finding, sort_key
+from .runs import Run, TraceError, find_runs, load_run, read_trace
+from .tracestats import TraceStats, summarize
+
+
+@dataclasses.dataclass(frozen=True)
+class RunReport:
+    """What the TensorBoard tab shows for one run: the step breakdown and the findings.
+
+    Example::
+
+        rep = analyze_run("runs/exp1", "runs/exp1"); rep.breakdown["data_wait"]
+    """
+
+    run: str
+    breakdown: Dict[str, float]
+    findings: Tuple[Finding, ...]
+    traces: Tuple[str, ...]
+    steps: int
+    #: False for a folder of event files that trainkit did not write (and no traces)
+    is_trainkit: bool = True
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"run": self.run, "breakdown": self.breakdown, "steps": self.steps,
+                "trainkit": self.is_trainkit,
+                "findings": [f.to_dict() for f in self.findings],
+                "traces": [os.path.basename(t) for t in self.traces]}
+
+
+def _trace_findings(run: Run) -> Tuple[List[TraceStats], List[Finding]]:
+    stats, bad = [], []
+    for path in run.traces:
+        try:
+            stats.append(summarize(read_trace(path)))
+        except TraceError as exc:
+            bad.append(Finding(
+                code="TK100", title="unreadable trace",
+                evidence=f"{os.path.basename(path)} in run {run.name!r} cannot be read: "
+                         f"{str(exc).split(': ', 1)[-1]}",
+                share=None, count=1,
+                fix=f"delete {path} and profile again (a trace is written when a profiling "
+                    f"cycle ends, or when the session closes during one)",
+                severity="low", run=run.name))
+    return stats, bad
+
+
+def analyze_run(logdir: str, folder: str) -> RunReport:
+    """Findings and step breakdown of the run in ``folder`` (named relative to ``logdir``)."""
+    run = load_run(logdir, folder)
+    found = [dataclasses.replace(f, run=run.name) for f in record_rules.findings(run)]
+    stats, bad = _trace_findings(run)
+    t = trace_rules.Traces(stats)
+    if t.steps:
+        codes = {f.code for f in found}
+        for rule in trace_rules.RULES:
+            f = rule(t)
+            if f is not None and f.code not in codes:  # records say it with a share already
+                found.append(dataclasses.replace(f, run=run.name))
+        f = trace_rules.small_batches(t, record_rules.items_per_step(run))
+        if f is not None:
+            found.append(dataclasses.replace(f, run=run.name))
+    found.extend(bad)
+    found.sort(key=sort_key)
+    steps = len(record_rules.Steps(run))
+    return RunReport(run=run.name, breakdown=record_rules.breakdown(run), findings=tuple(found),
+                     traces=run.traces, steps=steps, is_trainkit=run.is_trainkit or bool(run.traces))
+
+
+def _check_logdir(logdir: Any) -> str:
+    if not isinstance(logdir, (str, os.PathLike)):
+        raise TypeError(f"analyze({logdir!r}): logdir must be a path (str or os.PathLike), "
+                        f"e.g. tk.analyze('runs/exp1')")
+    path = os.fspath(logdir)
+    if not os.path.isdir(path):
+        raise ValueError(f"analyze({path!r}): no such folder; pass the logdir a session wrote, "
+                         f"e.g. tk.analyze('runs/exp1')")
+    return path
+
+
+def analyze(logdir: Union[str, "os.PathLike[str]"]) -> List[Finding]:
+    """Findings for every trainkit run under ``logdir``, most costly first.
+
+    Reads the session's TensorBoard records (data wait, copies, update time, recompiles, garbage
+    collections) and its torch.profiler traces (host syncs, ``empty_cache``, idle GPU,
+    pageable copies). Each finding has its evidence, its share of step time and a fix.
+
+    Raises:
+        ValueError: ``logdir`` is not a folder, or holds no trainkit run.
+
+    Example::
+
+        with tk.session(logdir="runs/exp1", profile=tk.ProfileSchedule(wait=5, warmup=1, active=3)):
+            train()
+        for f in tk.analyze("runs/exp1"):
+            print(f)
+    """
+    path = _check_logdir(logdir)
+    reports = [r for r in (analyze_run(path, f) for f in find_runs(path)) if r.is_trainkit]
+    if not reports:
+        raise ValueError(
+            f"analyze({path!r}): no trainkit run in {path!r}: no TensorBoard event file with "
+            f"trainkit/ scalars and no *.pt.trace.json trace under it; record one with "
+            f"tk.session(logdir={path!r}) around the training loop")
+    found = [f for r in reports for f in r.findings]
+    found.sort(key=sort_key)
+    return found

@@ -1,0 +1,173 @@
+"""Findings from trainkit's own records (the ``trainkit/*`` TensorBoard scalars of a run)."""
+from __future__ import annotations
+
+import statistics
+from typing import Callable, Dict, List, Optional
+
+from ...recorder import (COMPILE_RECOMPILES, DATA_WAIT, GC_FULL, GC_MS, H2D_MS, H2D_PINNED_PCT,
+                         PREFIX, SAMPLES_PER_S, STEP_TIME, UPDATE_MS)
+from ..finding import Finding, severity_for
+from ..runs import Run
+
+#: The fix for pageable copies, whether the records or a trace found them.
+PAGEABLE_FIX = ("DataLoader(..., pin_memory=True) and x = tk.to_device(x, 'cuda') (non_blocking "
+                "when pinned), or x.pin_memory().to('cuda', non_blocking=True)")
+
+
+class Steps:
+    """The run's timed steps (the first is left out once there are a few: it pays for warm-up).
+
+    Example::
+
+        st = Steps(run); st.share(DATA_WAIT)
+    """
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        times = run.values(STEP_TIME)
+        steps = sorted(s for s, v in times.items() if v > 0)
+        self.steps = steps[1:] if len(steps) > 3 else steps
+        self.times = [times[s] for s in self.steps]
+        self.total_ms = sum(self.times)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def per_step(self, tag: str) -> List[float]:
+        """The tag's value at each timed step (0 where it was not recorded)."""
+        values = self.run.values(tag)
+        return [values.get(s, 0.0) for s in self.steps]
+
+    def share(self, tag: str) -> float:
+        """Sum of the tag over the timed steps, as a fraction of their total time."""
+        return sum(self.per_step(tag)) / self.total_ms if self.total_ms > 0 else 0.0
+
+    def median_ms(self) -> float:
+        return statistics.median(self.times)
+
+    def describe(self, tag: str) -> str:
+        part = statistics.median(self.per_step(tag))
+        return (f"median {part:.2f} ms of a median {self.median_ms():.2f} ms step, "
+                f"over {len(self)} steps")
+
+
+def data_loader_bound(st: Steps) -> Optional[Finding]:
+    share = st.share(DATA_WAIT)
+    if share < 0.10:
+        return None
+    return Finding(
+        code="TK101", title="data-loader bound",
+        evidence=f"waiting for the next batch takes {share:.0%} of step time "
+                 f"({st.describe(DATA_WAIT)}); the device idles meanwhile",
+        share=share, count=sum(1 for v in st.per_step(DATA_WAIT) if v > 0),
+        fix="load batches in worker processes and overlap them with the step: "
+            "DataLoader(..., num_workers=4, pin_memory=True, persistent_workers=True, "
+            "prefetch_factor=2); move per-item work (decoding, augmentation) out of the main "
+            "process or onto the GPU",
+        severity=severity_for(share))
+
+
+def pageable_copies(st: Steps) -> Optional[Finding]:
+    pinned = [v for v in st.run.values(H2D_PINNED_PCT).values()]
+    if not pinned:
+        return None
+    pct = statistics.mean(pinned)
+    if pct >= 90.0:
+        return None
+    share = st.share(H2D_MS)
+    return Finding(
+        code="TK102", title="pageable host-to-device copies",
+        evidence=f"{100 - pct:.0f}% of the bytes copied to the device came from pageable memory "
+                 f"(not pinned): such copies are staged by the driver and cannot overlap compute; "
+                 f"copies take {share:.0%} of step time",
+        share=share, count=sum(1 for v in pinned if v < 90.0),
+        fix=PAGEABLE_FIX, severity=severity_for(share, high=0.2, medium=0.05))
+
+
+def optimizer_dominates(st: Steps) -> Optional[Finding]:
+    share = st.share(UPDATE_MS)
+    # Below ~0.2 ms per update every part of the step is overhead; a share says nothing there.
+    if share < 0.30 or statistics.median(st.per_step(UPDATE_MS)) < 0.2:
+        return None
+    return Finding(
+        code="TK104", title="optimizer step dominates",
+        evidence=f"optimizer.step() takes {share:.0%} of step time ({st.describe(UPDATE_MS)})",
+        share=share, count=len(st),
+        fix="use the fused implementation, e.g. torch.optim.AdamW(params, fused=True) (or "
+            "foreach=True), or compile the step: tk.patch(optimizer, compile=True) / "
+            "@tk.compiled_step",
+        severity=severity_for(share, high=0.5, medium=0.3))
+
+
+def recompiles(st: Steps) -> Optional[Finding]:
+    values = st.run.values(COMPILE_RECOMPILES)
+    n = int(max(values.values())) if values else 0
+    if n <= 0:
+        return None
+    return Finding(
+        code="TK105", title="torch.compile recompiles",
+        evidence=f"{n} recompilation(s) recorded (trainkit/compile/recompiles); each one stalls "
+                 f"training while the graph is compiled again",
+        share=None, count=n,
+        fix="keep shapes and Python values the graph depends on stable (pad batches, "
+            "drop_last=True, dynamic=True for varying shapes), keep LR/betas as tensors, or use "
+            "tk.compiled_step, which does not recompile under LR schedulers; "
+            "TORCH_LOGS=recompiles shows why",
+        severity="high" if n >= 3 else "medium")
+
+
+def gc_per_step(st: Steps) -> Optional[Finding]:
+    full = st.per_step(GC_FULL)
+    with_full = sum(1 for v in full if v > 0)
+    share = st.share(GC_MS)
+    if len(st) == 0 or (with_full < 0.5 * len(st) and share < 0.05):
+        return None
+    what = (f"a full garbage collection runs in {with_full} of {len(st)} steps "
+            f"(gc.collect() in the loop?)" if with_full >= 0.5 * len(st)
+            else "Python garbage collection")
+    return Finding(
+        code="TK106", title="garbage collection every step",
+        evidence=f"{what}; collections take {share:.0%} of step time",
+        share=share, count=with_full,
+        fix="remove gc.collect() (and torch.cuda.empty_cache()) from the step; if reference "
+            "cycles pile up, call gc.freeze() after setup or collect every few hundred steps",
+        severity=severity_for(share, high=0.2, medium=0.05))
+
+
+RULES: List[Callable[[Steps], Optional[Finding]]] = [
+    data_loader_bound, pageable_copies, optimizer_dominates, recompiles, gc_per_step,
+]
+
+
+def items_per_step(run: Run) -> Optional[float]:
+    """The median items (samples) per step, from throughput and step time, or None."""
+    rates, times = run.values(SAMPLES_PER_S), run.values(STEP_TIME)
+    items = [rates[s] * times[s] / 1e3 for s in rates if s in times]
+    return statistics.median(items) if items else None
+
+
+def findings(run: Run) -> List[Finding]:
+    """Every rule over one run's records."""
+    st = Steps(run)
+    if len(st) == 0:
+        return []
+    out = []
+    for rule in RULES:
+        f = rule(st)
+        if f is not None:
+            out.append(f)
+    return out
+
+
+def breakdown(run: Run) -> Dict[str, float]:
+    """Mean ms per step: data wait, h2d, forward, backward, optimizer, other, and the total."""
+    st = Steps(run)
+    if len(st) == 0:
+        return {}
+    parts = {"data_wait": DATA_WAIT, "h2d": H2D_MS, "forward": PREFIX + "region/forward_ms",
+             "backward": PREFIX + "region/backward_ms", "optimizer": UPDATE_MS}
+    out = {name: sum(st.per_step(tag)) / len(st) for name, tag in parts.items()}
+    total = st.total_ms / len(st)
+    out["other"] = max(0.0, total - sum(out.values()))
+    out["step"] = total
+    return out

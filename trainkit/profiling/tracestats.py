@@ -1,0 +1,139 @@
+"""What the findings need from one Chrome trace, summarised in one pass over its events.
+
+torch.profiler (Kineto) writes complete events (``"ph": "X"``) with a category: ``cpu_op`` for
+ATen operators, ``user_annotation`` for ``record_function`` ranges (``ProfilerStep#N`` marks each
+step), ``cuda_runtime`` / ``cuda_driver`` for host-side CUDA calls, and on the GPU ``kernel``,
+``gpu_memcpy`` and ``gpu_memset``. Times are in microseconds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Any, Dict, Iterable, List, Tuple
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+HOST_CATS = ("cpu_op", "cuda_runtime", "cuda_driver", "user_annotation")
+STEP_PREFIX = "ProfilerStep#"
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceStats:
+    """Per-trace totals, all restricted to the profiled steps (``ProfilerStep#N`` ranges).
+
+    Example::
+
+        st = summarize(read_trace(path)); st.steps, st.gpu_busy_us / st.window_us
+    """
+
+    steps: int
+    step_us: float  # sum of the steps' durations
+    window_us: float  # from the first step's start to the last step's end
+    host: Dict[str, Tuple[int, float]]  # name -> (count, total us) of host events
+    steps_with: Dict[str, int]  # host event name -> number of steps containing one
+    gpu_busy_us: float  # union of GPU activity inside the window
+    kernels: int
+    median_kernel_us: float
+    median_gap_us: float  # between consecutive GPU activities inside the window
+    memcpy: Dict[str, Tuple[int, float]]  # gpu_memcpy name -> (count, bytes)
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.kernels > 0 or bool(self.memcpy)
+
+    def count(self, *names: str) -> int:
+        return sum(self.host.get(n, (0, 0.0))[0] for n in names)
+
+    def time_us(self, *names: str) -> float:
+        return sum(self.host.get(n, (0, 0.0))[1] for n in names)
+
+
+def _union(intervals: Iterable[Tuple[float, float]]) -> Tuple[float, List[float]]:
+    """Total length of the union of intervals, and the gaps between the merged pieces."""
+    total, gaps = 0.0, []
+    cur_s = cur_e = None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+                gaps.append(s - cur_e)
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total, gaps
+
+
+def summarize(events: List[Dict[str, Any]]) -> TraceStats:
+    """Summarise the events of one trace (see :func:`trainkit.profiling.runs.read_trace`)."""
+    complete = []
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        try:
+            ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
+        except (KeyError, TypeError, ValueError):
+            continue  # a malformed event: skip it rather than fail the whole analysis
+        complete.append((ts, dur, str(e.get("cat", "")), str(e.get("name", ""))))
+    steps = sorted((ts, ts + dur) for ts, dur, cat, name in complete
+                   if cat == "user_annotation" and name.startswith(STEP_PREFIX))
+    if not steps:  # a trace without the step marks: take the whole host activity as one step
+        host = [(ts, ts + dur) for ts, dur, cat, _ in complete if cat in HOST_CATS]
+        steps = [(min(s for s, _ in host), max(e for _, e in host))] if host else []
+    if not steps:
+        return TraceStats(0, 0.0, 0.0, {}, {}, 0.0, 0, 0.0, 0.0, {})
+    lo, hi = steps[0][0], steps[-1][1]
+    host_tot: Dict[str, List[float]] = {}
+    seen: Dict[str, set] = {}
+    gpu: List[Tuple[float, float]] = []
+    kernel_durs: List[float] = []
+    memcpy: Dict[str, List[float]] = {}
+    for ts, dur, cat, name in complete:
+        if cat in GPU_CATS:
+            if ts + dur < lo or ts > hi:
+                continue
+            gpu.append((max(ts, lo), min(ts + dur, hi)))
+            if cat == "kernel":
+                kernel_durs.append(dur)
+            elif cat == "gpu_memcpy":
+                memcpy.setdefault(name, [0, 0.0])[0] += 1
+            continue
+        if cat not in HOST_CATS or name.startswith(STEP_PREFIX) or ts < lo or ts > hi:
+            continue
+        acc = host_tot.setdefault(name, [0, 0.0])
+        acc[0] += 1
+        acc[1] += dur
+        seen.setdefault(name, set()).add(_step_index(steps, ts))
+    _add_memcpy_bytes(events, memcpy, lo, hi)
+    busy, gaps = _union(gpu)
+    return TraceStats(
+        steps=len(steps),
+        step_us=sum(e - s for s, e in steps),
+        window_us=hi - lo,
+        host={k: (int(v[0]), v[1]) for k, v in host_tot.items()},
+        steps_with={k: len(v) for k, v in seen.items()},
+        gpu_busy_us=busy,
+        kernels=len(kernel_durs),
+        median_kernel_us=statistics.median(kernel_durs) if kernel_durs else 0.0,
+        median_gap_us=statistics.median(gaps) if gaps else 0.0,
+        memcpy={k: (int(v[0]), v[1]) for k, v in memcpy.items()},
+    )
+
+
+def _step_index(steps: List[Tuple[float, float]], ts: float) -> int:
+    for i, (s, e) in enumerate(steps):
+        if ts <= e:
+            return i
+    return len(steps) - 1
+
+
+def _add_memcpy_bytes(events: List[Dict[str, Any]], memcpy: Dict[str, List[float]],
+                      lo: float, hi: float) -> None:
+    for e in events:
+        if e.get("cat") == "gpu_memcpy" and e.get("name") in memcpy:
+            args = e.get("args") or {}
+            try:
+                if lo <= float(e.get("ts", lo)) <= hi:
+                    memcpy[e["name"]][1] += float(args.get("bytes", 0))
+            except (TypeError, ValueError):
+                continue

@@ -1,0 +1,108 @@
+"""The TensorBoard plugin: routes under ``/data/plugin/trainkit/`` and the ES module frontend.
+
+Routes:
+    ``runs``: JSON list of run names holding trainkit records or traces.
+    ``report?run=RUN``: JSON with the step breakdown, findings, ablation and trace names.
+    ``trace?run=RUN&file=NAME``: one of the run's listed traces, as a download.
+    ``index.js``: the frontend (plain DOM, no framework, nothing fetched from the network).
+"""
+from __future__ import annotations
+
+import json
+import mimetypes
+import os
+from typing import Any, Callable, Dict
+
+from tensorboard.backend import http_util
+from tensorboard.plugins import base_plugin
+from werkzeug import wrappers
+
+from .data import TabData
+
+PLUGIN_NAME = "trainkit"
+STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+
+
+def _json(request: Any, data: Any, code: int = 200) -> wrappers.Response:
+    # http_util.Respond adds the headers TensorBoard requires (nosniff, caching, CSP).
+    return http_util.Respond(request, json.dumps(data), "application/json", code=code)
+
+
+class TrainkitPlugin(base_plugin.TBPlugin):
+    """The ``trainkit`` tab. Active when the logdir holds trainkit runs.
+
+    Example::
+
+        plugin = TrainkitPlugin(base_plugin.TBContext(logdir="runs"))
+        plugin.is_active()
+    """
+
+    plugin_name = PLUGIN_NAME
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self.data = TabData(getattr(context, "logdir", "") or "")
+
+    def get_plugin_apps(self) -> Dict[str, Callable[..., Any]]:
+        return {
+            "/runs": self._serve_runs,
+            "/report": self._serve_report,
+            "/trace": self._serve_trace,
+            "/index.js": self._serve_static,
+        }
+
+    def is_active(self) -> bool:
+        return self.data.has_runs()
+
+    def frontend_metadata(self) -> base_plugin.FrontendMetadata:
+        return base_plugin.FrontendMetadata(es_module_path="/index.js", tab_name="trainkit")
+
+    @wrappers.Request.application
+    def _serve_runs(self, request: Any) -> wrappers.Response:
+        return _json(request, self.data.runs())
+
+    @wrappers.Request.application
+    def _serve_report(self, request: Any) -> wrappers.Response:
+        run = request.args.get("run")
+        if run is None:
+            return _json(request, {"error": "missing ?run=RUN; GET runs lists them"}, 400)
+        rep = self.data.report(run)
+        if rep is None:
+            return _json(request, {"error": f"no trainkit run {run!r}"}, 404)
+        return _json(request, rep)
+
+    @wrappers.Request.application
+    def _serve_trace(self, request: Any) -> wrappers.Response:
+        run, name = request.args.get("run"), request.args.get("file")
+        if run is None or name is None:
+            return _json(request, {"error": "missing ?run=RUN&file=NAME"}, 400)
+        path = self.data.trace_path(run, name)
+        if path is None:  # only names the report lists are served: no path traversal
+            return _json(request, {"error": f"no trace {name!r} in run {run!r}"}, 404)
+        with open(path, "rb") as fh:
+            body = fh.read()
+        kind = "application/gzip" if name.endswith(".gz") else "application/json"
+        return http_util.Respond(request, body, kind, headers=[
+            ("Content-Disposition", f'attachment; filename="{os.path.basename(path)}"')])
+
+    @wrappers.Request.application
+    def _serve_static(self, request: Any) -> wrappers.Response:
+        name = os.path.basename(request.path)
+        with open(os.path.join(STATIC, name), "rb") as fh:
+            body = fh.read()
+        kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        if name.endswith(".js"):  # ES modules must come as JavaScript whatever the OS's mime table
+            kind = "text/javascript"
+        return http_util.Respond(request, body, kind)
+
+
+class TrainkitPluginLoader(base_plugin.TBLoader):
+    """Loads :class:`TrainkitPlugin`; the ``tensorboard_plugins`` entry point names it.
+
+    Example::
+
+        program.TensorBoard(plugins=default.get_plugins() + [TrainkitPluginLoader()])
+    """
+
+    def load(self, context: Any) -> TrainkitPlugin:
+        return TrainkitPlugin(context)

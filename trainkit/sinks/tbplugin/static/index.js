@@ -1,0 +1,131 @@
+// trainkit's TensorBoard tab: plain DOM, no framework, nothing fetched beyond this server.
+// TensorBoard loads this module in an iframe whose <base> is /data/plugin/trainkit/, so
+// './runs' and './report' are this plugin's routes.
+
+const PERFETTO = 'https://ui.perfetto.dev';
+const PARTS = [
+  ['data_wait', 'data wait', '#d62728'],
+  ['h2d', 'host→device', '#ff7f0e'],
+  ['forward', 'forward', '#1f77b4'],
+  ['backward', 'backward', '#2ca02c'],
+  ['optimizer', 'optimizer', '#9467bd'],
+  ['other', 'other', '#a0a0a0'],
+];
+const CSS = `
+body { font-family: Roboto, Arial, sans-serif; margin: 16px 24px; color: #212121; }
+h2 { font-size: 16px; margin: 22px 0 8px; border-bottom: 1px solid #e0e0e0; padding-bottom: 4px; }
+.bar { display: flex; height: 28px; width: 100%; max-width: 900px; border-radius: 3px; overflow: hidden; }
+.bar div { height: 100%; }
+.legend span { display: inline-block; margin: 6px 16px 0 0; font-size: 13px; }
+.legend i { display: inline-block; width: 10px; height: 10px; margin-right: 5px; }
+table { border-collapse: collapse; font-size: 13px; max-width: 1200px; }
+td, th { text-align: left; vertical-align: top; padding: 4px 8px; border-bottom: 1px solid #eee; }
+.high { color: #c62828; font-weight: bold; } .medium { color: #ef6c00; } .low { color: #616161; }
+.muted { color: #757575; font-size: 13px; } code { font-size: 12px; }
+button { margin-left: 8px; }
+`;
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === 'style') Object.assign(node.style, v);
+    else if (k.startsWith('on')) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c instanceof Node ? c : String(c));
+  return node;
+}
+
+async function getJson(url) {
+  const resp = await fetch(url);
+  if (!resp.ok) throw new Error(`${url}: HTTP ${resp.status}`);
+  return resp.json();
+}
+
+function breakdown(b) {
+  if (!b || !b.step) return el('p', {class: 'muted'}, 'no timed steps recorded (tk.patch(optimizer) records them)');
+  const bar = el('div', {class: 'bar', id: 'breakdown'});
+  const legend = el('div', {class: 'legend'});
+  for (const [key, label, color] of PARTS) {
+    const ms = b[key] || 0;
+    const pct = (100 * ms) / b.step;
+    if (pct > 0) bar.append(el('div', {title: `${label}: ${ms.toFixed(2)} ms`, style: {width: `${pct}%`, background: color}}));
+    legend.append(el('span', {}, el('i', {style: {background: color}}), `${label} ${ms.toFixed(2)} ms (${pct.toFixed(0)}%)`));
+  }
+  return el('div', {}, el('p', {class: 'muted'}, `mean step ${b.step.toFixed(2)} ms`), bar, legend);
+}
+
+function findings(list) {
+  if (!list.length) return el('p', {class: 'muted'}, 'no findings: nothing in the records or traces points at lost step time');
+  const table = el('table', {id: 'findings'}, el('tr', {}, ...['code', 'severity', 'share', 'finding', 'evidence', 'fix'].map((h) => el('th', {}, h))));
+  for (const f of list) {
+    const share = f.share === null ? '—' : `${(100 * f.share).toFixed(0)}%`;
+    table.append(el('tr', {}, el('td', {}, f.code), el('td', {class: f.severity}, f.severity), el('td', {}, share),
+                     el('td', {}, f.title), el('td', {}, f.evidence), el('td', {}, el('code', {}, f.fix))));
+  }
+  return table;
+}
+
+function ablation(a) {
+  if (!a.rows.length) return el('p', {class: 'muted', id: 'ablation'}, a.message || 'no ablation recorded');
+  const cols = Object.keys(a.rows[0]);
+  const table = el('table', {id: 'ablation'}, el('tr', {}, ...cols.map((c) => el('th', {}, c))));
+  for (const row of a.rows) table.append(el('tr', {}, ...cols.map((c) => el('td', {}, row[c] ?? ''))));
+  return table;
+}
+
+async function openInPerfetto(url, title) {
+  // Perfetto's documented postMessage protocol: PING until it answers PONG, then send the trace.
+  const buffer = await (await fetch(url)).arrayBuffer();
+  const win = window.open(PERFETTO);
+  if (!win) { alert('Allow pop-ups for TensorBoard, or download the trace and open it at ' + PERFETTO); return; }
+  const timer = setInterval(() => win.postMessage('PING', PERFETTO), 50);
+  const onMessage = (evt) => {
+    if (evt.data !== 'PONG') return;
+    clearInterval(timer);
+    window.removeEventListener('message', onMessage);
+    win.postMessage({perfetto: {buffer, title}}, PERFETTO);
+  };
+  window.addEventListener('message', onMessage);
+}
+
+function traces(run, names) {
+  if (!names.length) return el('p', {class: 'muted'}, 'no traces: profile with tk.session(..., profile=tk.ProfileSchedule(wait=10, warmup=2, active=3))');
+  const list = el('ul', {id: 'traces'});
+  for (const name of names) {
+    const url = `./trace?run=${encodeURIComponent(run)}&file=${encodeURIComponent(name)}`;
+    list.append(el('li', {}, el('a', {href: url, download: name}, name),
+                   el('button', {onclick: () => openInPerfetto(url, name)}, 'open in Perfetto')));
+  }
+  return el('div', {}, list, el('p', {class: 'muted'},
+    `"open in Perfetto" opens ${PERFETTO} and hands it the trace from this page; or download it and use Perfetto's "Open trace file". ` +
+    'They also load in torch-tb-profiler (pip install trainkit[profiler-tab]).'));
+}
+
+async function showRun(root, run) {
+  root.replaceChildren(el('p', {class: 'muted'}, `loading ${run}…`));
+  try {
+    const rep = await getJson(`./report?run=${encodeURIComponent(run)}`);
+    root.replaceChildren(
+      el('h2', {}, `Step time breakdown (${rep.steps} steps)`), breakdown(rep.breakdown),
+      el('h2', {}, 'Findings'), findings(rep.findings),
+      el('h2', {}, 'Ablation'), ablation(rep.ablation),
+      el('h2', {}, 'Traces'), traces(run, rep.traces));
+  } catch (err) {
+    root.replaceChildren(el('p', {class: 'high'}, String(err)));
+  }
+}
+
+export async function render() {
+  document.head.append(el('style', {}, CSS));
+  const root = el('div', {id: 'report'});
+  const runs = await getJson('./runs');
+  if (!runs.length) {
+    document.body.append(el('p', {}, 'No trainkit runs in this logdir: record one with tk.session(logdir=...).'));
+    return;
+  }
+  const select = el('select', {id: 'run', onchange: () => showRun(root, select.value)},
+                    ...runs.map((r) => el('option', {value: r}, r)));
+  document.body.append(el('div', {}, el('b', {}, 'trainkit run '), select), root);
+  await showRun(root, runs[0]);
+}
