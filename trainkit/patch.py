@@ -71,8 +71,8 @@ class OptimizerPatch:
         s = _active_session()
         if s is None:
             return self.core(*args, **kwargs)
-        if not args and not kwargs and not self.cuda():
-            # The common case, kept short: a CPU step without a closure.
+        if not args and not kwargs and not self.cuda() and not profiler_enabled():
+            # The common case, kept short: a CPU step without a closure, no profiler recording.
             t0 = timing.now()
             out = self.core()
             t1 = timing.now()
