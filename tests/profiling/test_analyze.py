@@ -34,7 +34,7 @@ def test_data_wait_share_matches_the_planted_sleep(logdir):
     sleep_s = 0.01
     ds = SleepyDataset(25, sleep_s)
     train(logdir, loader=torch.utils.data.DataLoader(ds, batch_size=1))
-    f = by_code(tk.analyze(logdir), "TK101")
+    f = by_code(tk.analyze(logdir), "TA101")
     st = Steps(load_run(logdir, logdir))
     # the planted sleep of the timed steps (step k loads item k-1) over their measured time
     planted = sum(ds.slept[k - 1] for k in st.steps) * 1e3 / st.total_ms
@@ -51,7 +51,7 @@ def test_a_loop_without_planted_causes_has_no_findings(logdir):
 
 def test_gc_collect_every_step_is_found(logdir):
     train(logdir, steps=8, each_step=gc.collect)
-    f = by_code(tk.analyze(logdir), "TK106")
+    f = by_code(tk.analyze(logdir), "TA106")
     assert f.count >= 6 and "gc.collect()" in f.evidence
 
 
@@ -73,7 +73,7 @@ def test_optimizer_step_dominating_is_found(logdir):
 
     opt = lambda params: torch.optim.Adam(params, foreach=False)
     train(logdir, steps=8, model=BigCheap(), optimizer=opt)
-    f = by_code(tk.analyze(logdir), "TK104")
+    f = by_code(tk.analyze(logdir), "TA104")
     assert f.share >= 0.3 and "fused=True" in f.fix and "compiled_step" in f.fix
 
 
@@ -84,7 +84,7 @@ def test_pageable_copies_are_found_from_the_records(logdir):
         tk.to_device(torch.randn(256, 256), "meta")
 
     train(logdir, steps=6, each_step=copy)
-    f = by_code(tk.analyze(logdir), "TK102")
+    f = by_code(tk.analyze(logdir), "TA102")
     assert "100% of the bytes" in f.evidence and "pin_memory=True" in f.fix
 
 
@@ -94,27 +94,27 @@ def test_recompiles_are_found(logdir):
         w.write_scalars(step=step, values={PREFIX + "step_time_ms": 10.0,
                                            PREFIX + "compile/recompiles": float(step // 2)})
     w.close()
-    f = by_code(tk.analyze(logdir), "TK105")
+    f = by_code(tk.analyze(logdir), "TA105")
     assert f.count == 2 and f.share is None
 
 
 def test_gpu_syncs_and_pageable_copies_from_a_trace(tmp_path):
     found = tk.analyze(fixture_run(tmp_path, "gpu_syncs.pt.trace.json"))
-    assert codes(found) == ["TK103", "TK102"]  # known share first
+    assert codes(found) == ["TA103", "TA102"]  # known share first
     sync = found[0]
     assert sync.count == 2 and 0.4 < sync.share < 0.55
     assert "Pageable" in found[1].evidence
 
 
 def test_empty_cache_every_step_from_a_trace(tmp_path):
-    f = by_code(tk.analyze(fixture_run(tmp_path, "gpu_empty_cache.pt.trace.json")), "TK109")
+    f = by_code(tk.analyze(fixture_run(tmp_path, "gpu_empty_cache.pt.trace.json")), "TA109")
     assert f.count == 4 and "2 of 2" in f.evidence
 
 
 def test_launch_bound_and_small_kernels_from_a_trace(tmp_path):
     found = tk.analyze(fixture_run(tmp_path, "gpu_launch_bound.pt.trace.json"))
-    assert set(codes(found)) == {"TK107", "TK108"}
-    assert "reduce-overhead" in by_code(found, "TK107").fix
+    assert set(codes(found)) == {"TA107", "TA108"}
+    assert "reduce-overhead" in by_code(found, "TA107").fix
 
 
 def test_a_healthy_gpu_trace_has_no_findings(tmp_path):
@@ -124,7 +124,7 @@ def test_a_healthy_gpu_trace_has_no_findings(tmp_path):
 def test_a_truncated_trace_is_a_finding_naming_the_file(tmp_path):
     run = fixture_run(tmp_path, "truncated.pt.trace.json", "gpu_healthy.pt.trace.json")
     (f,) = tk.analyze(run)
-    assert f.code == "TK100" and "truncated.pt.trace.json" in f.evidence
+    assert f.code == "TA100" and "truncated.pt.trace.json" in f.evidence
     assert "Traceback" not in f.evidence and "JSONDecodeError" not in f.evidence
 
 
@@ -158,7 +158,7 @@ def test_ranks_are_separate_runs(tmp_path):
 
 def test_cli_exit_codes(tmp_path, capsys):
     assert main([fixture_run(tmp_path, "gpu_empty_cache.pt.trace.json")]) == 1
-    assert "TK109" in capsys.readouterr().out
+    assert "TA109" in capsys.readouterr().out
     clean = tmp_path / "clean"
     shutil.copytree(fixture_run(tmp_path / "x", "gpu_healthy.pt.trace.json"), clean)
     assert main([str(clean)]) == 0
@@ -174,7 +174,7 @@ def test_cli_json_output(tmp_path):
     out = io.StringIO()
     args = argparse.Namespace(logdir=fixture_run(tmp_path, "gpu_empty_cache.pt.trace.json"), json=True)
     assert cli_run(args, out=out) == 1
-    assert json.loads(out.getvalue())[0]["code"] == "TK109"
+    assert json.loads(out.getvalue())[0]["code"] == "TA109"
 
 
 def test_finding_is_frozen_and_validated():
@@ -197,7 +197,7 @@ def test_item_every_step_on_a_gpu_is_a_host_sync_in_a_real_trace(logdir):
     train(logdir, model=model, loader=batches, each_step=lambda: float(model.weight.sum().item()),
           profile=tk.ProfileSchedule(wait=2, warmup=1, active=3))
     (name,) = [f for f in os.listdir(logdir) if ".pt.trace.json" in f]
-    f = by_code(tk.analyze(logdir), "TK103")
+    f = by_code(tk.analyze(logdir), "TA103")
     assert f.count >= 3, f
 
 
@@ -205,5 +205,5 @@ def test_trainkit_analyze_through_the_main_cli(tmp_path, capsys):
     from trainkit.cli import main as trainkit_main
 
     assert trainkit_main(["analyze", fixture_run(tmp_path, "gpu_empty_cache.pt.trace.json")]) == 1
-    assert "TK109" in capsys.readouterr().out
+    assert "TA109" in capsys.readouterr().out
     assert trainkit_main(["analyze", str(tmp_path / "missing")]) == 2

@@ -58,7 +58,7 @@ def test_a_real_tensorboard_lists_the_tab_and_serves_its_routes(logdir):
         assert trace.endswith(".pt.trace.json")
 
         gpu = get_json(base + "/report?run=gpu")
-        assert [f["code"] for f in gpu["findings"]] == ["TK103", "TK102"]
+        assert [f["code"] for f in gpu["findings"]] == ["TA103", "TA102"]
 
         status, headers, body = get(f"{base}/trace?run=exp1&file={trace}")
         assert status == 200 and "attachment" in headers["Content-Disposition"]

@@ -48,7 +48,7 @@ def _trace_findings(run: Run) -> Tuple[List[TraceStats], List[Finding]]:
             stats.append(summarize(read_trace(path)))
         except TraceError as exc:
             bad.append(Finding(
-                code="TK100", title="unreadable trace",
+                code="TA100", title="unreadable trace",
                 evidence=f"{os.path.basename(path)} in run {run.name!r} cannot be read: "
                          f"{str(exc).split(': ', 1)[-1]}",
                 share=None, count=1,

@@ -14,7 +14,7 @@ class Finding:
     """A cause of lost step time, read from a run's records and traces.
 
     Attributes:
-        code: stable identifier, e.g. ``"TK101"`` (data-loader bound).
+        code: stable identifier, e.g. ``"TA101"`` (data-loader bound).
         title: one line, e.g. ``"data-loader bound"``.
         evidence: the numbers behind it, in words.
         share: the fraction of step time it costs (0..1), or None when it cannot be put as one.

@@ -56,7 +56,7 @@ def data_loader_bound(st: Steps) -> Optional[Finding]:
     if share < 0.10:
         return None
     return Finding(
-        code="TK101", title="data-loader bound",
+        code="TA101", title="data-loader bound",
         evidence=f"waiting for the next batch takes {share:.0%} of step time "
                  f"({st.describe(DATA_WAIT)}); the device idles meanwhile",
         share=share, count=sum(1 for v in st.per_step(DATA_WAIT) if v > 0),
@@ -76,7 +76,7 @@ def pageable_copies(st: Steps) -> Optional[Finding]:
         return None
     share = st.share(H2D_MS)
     return Finding(
-        code="TK102", title="pageable host-to-device copies",
+        code="TA102", title="pageable host-to-device copies",
         evidence=f"{100 - pct:.0f}% of the bytes copied to the device came from pageable memory "
                  f"(not pinned): such copies are staged by the driver and cannot overlap compute; "
                  f"copies take {share:.0%} of step time",
@@ -90,7 +90,7 @@ def optimizer_dominates(st: Steps) -> Optional[Finding]:
     if share < 0.30 or statistics.median(st.per_step(UPDATE_MS)) < 0.2:
         return None
     return Finding(
-        code="TK104", title="optimizer step dominates",
+        code="TA104", title="optimizer step dominates",
         evidence=f"optimizer.step() takes {share:.0%} of step time ({st.describe(UPDATE_MS)})",
         share=share, count=len(st),
         fix="use the fused implementation, e.g. torch.optim.AdamW(params, fused=True) (or "
@@ -105,7 +105,7 @@ def recompiles(st: Steps) -> Optional[Finding]:
     if n <= 0:
         return None
     return Finding(
-        code="TK105", title="torch.compile recompiles",
+        code="TA105", title="torch.compile recompiles",
         evidence=f"{n} recompilation(s) recorded (trainkit/compile/recompiles); each one stalls "
                  f"training while the graph is compiled again",
         share=None, count=n,
@@ -126,7 +126,7 @@ def gc_per_step(st: Steps) -> Optional[Finding]:
             f"(gc.collect() in the loop?)" if with_full >= 0.5 * len(st)
             else "Python garbage collection")
     return Finding(
-        code="TK106", title="garbage collection every step",
+        code="TA106", title="garbage collection every step",
         evidence=f"{what}; collections take {share:.0%} of step time",
         share=share, count=with_full,
         fix="remove gc.collect() (and torch.cuda.empty_cache()) from the step; if reference "

@@ -56,7 +56,7 @@ def host_syncs(t: Traces) -> Optional[Finding]:
     share = t.time_us(*SYNC_CALLS) / t.step_us if t.step_us else 0.0
     scalars = t.count(*SCALAR_OPS)
     return Finding(
-        code="TK103", title="host syncs in the step",
+        code="TA103", title="host syncs in the step",
         evidence=f"{n} synchronizing CUDA call(s) in {t.steps} profiled steps "
                  f"({n / t.steps:.1f} per step; {scalars} from .item()/bool() on a CUDA "
                  f"tensor); the host waits for the GPU {share:.0%} of step time and stops "
@@ -77,7 +77,7 @@ def empty_cache(t: Traces) -> Optional[Finding]:
         return None
     share = t.time_us(*FREE_CALLS) / t.step_us if t.step_us else 0.0
     return Finding(
-        code="TK109", title="torch.cuda.empty_cache() every step",
+        code="TA109", title="torch.cuda.empty_cache() every step",
         evidence=f"cudaFree is called {n} time(s) in {steps} of {t.steps} profiled steps: the "
                  f"caching allocator hands memory back and must allocate it again "
                  f"(cudaFree also synchronizes the device); {share:.0%} of step time",
@@ -106,7 +106,7 @@ def launch_bound(t: Traces) -> Optional[Finding]:
     if idle < 0.30 or gap > 50.0 or kernels < 10 * t.steps:
         return None
     return Finding(
-        code="TK107", title="GPU idle between kernels (launch-bound)",
+        code="TA107", title="GPU idle between kernels (launch-bound)",
         evidence=f"the GPU is idle {idle:.0%} of the profiled steps; {kernels} kernels "
                  f"({kernels / t.steps:.0f} per step, {launches} launches) with a median gap of "
                  f"{gap:.0f} us between them: the host cannot launch them fast enough",
@@ -127,7 +127,7 @@ def small_batches(t: Traces, items_per_step: Optional[float]) -> Optional[Findin
         return None
     items = "" if items_per_step is None else f"; {items_per_step:.0f} items per step"
     return Finding(
-        code="TK108", title="small batches leave the GPU underused",
+        code="TA108", title="small batches leave the GPU underused",
         evidence=f"the median kernel runs {kernel_us:.1f} us and the GPU is busy only "
                  f"{1 - idle:.0%} of the step{items}: each kernel has too little work",
         share=idle, count=sum(s.kernels for s in t.gpu),
@@ -145,7 +145,7 @@ def pageable_memcpy(t: Traces) -> Optional[Finding]:
     count = sum(c for _, c, _ in pageable)
     nbytes = sum(b for _, _, b in pageable)
     return Finding(
-        code="TK102", title="pageable host-to-device copies",
+        code="TA102", title="pageable host-to-device copies",
         evidence=f"{count} 'Memcpy HtoD (Pageable -> Device)' copies ({nbytes / 2**20:.1f} MiB) "
                  f"in {t.steps} profiled steps: staged by the driver, they cannot overlap compute",
         share=None, count=count,

@@ -99,7 +99,7 @@ function traces(run, names) {
   }
   return el('div', {}, list, el('p', {class: 'muted'},
     `"open in Perfetto" opens ${PERFETTO} and hands it the trace from this page; or download it and use Perfetto's "Open trace file". ` +
-    'They also load in torch-tb-profiler (pip install trainkit[profiler-tab]).'));
+    'They also load in torch-tb-profiler (pip install ".[profiler-tab]" from the trainkit checkout).'));
 }
 
 async function showRun(root, run) {
