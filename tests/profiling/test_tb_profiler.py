@@ -17,7 +17,7 @@ from .conftest import train
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(importlib.util.find_spec("torch_tb_profiler") is None,
-                       reason="torch-tb-profiler is not installed (pip install ".[profiler-tab]" from the checkout)"),
+                       reason="torch-tb-profiler is not installed (pip install '.[profiler-tab]' from the checkout)"),
 ]
 
 
