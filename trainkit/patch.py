@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Optional
 from .session import active as _active_session
 from . import timing
 from .recorder import CLOSURE_MS, DATA_WAIT, ITEMS, UPDATE_MS
-from .profiling.regions import profiler_enabled, record_function
+from .profiling.regions import profiler_check, profiler_enabled, record_function
 from .techniques.transfer import items_counter
 
 _ATTR = "_trainkit_patch"
@@ -217,13 +217,16 @@ class PatchedLoader:
         self.source = source
 
     def __iter__(self) -> Iterator[Any]:
+        # Once per batch, between the user's torch calls: names are bound to locals up front.
         it = iter(self.source)
         now = timing.now
         count = items_counter()
+        profiling = profiler_check()
+        patched = _patched.data  # the WeakSet's own set: empty when no optimizer is patched
         while True:
             t0 = now()
             try:
-                if profiler_enabled():  # the wait shows as a named range in traces
+                if profiling():  # the wait shows as a named range in traces
                     with record_function("trainkit/data_wait"):
                         batch = next(it)
                 else:
@@ -235,12 +238,13 @@ class PatchedLoader:
             if s is not None:
                 if s._last_step_end is None:  # the first step's time starts with its data
                     s._last_step_end = timing.cuda_event() if timing.cuda_in_use() else t0
-                s._batch_step = s.step
-                s.record(DATA_WAIT, (t1 - t0) * 1e3)
+                step = s._batch_step = s.step
+                buf = s._buf
+                buf.append((DATA_WAIT, step, (t1 - t0) * 1e3))
                 n = count(batch)
                 if n is not None:
-                    s.record(ITEMS, float(n))
-                if not _patched:
+                    buf.append((ITEMS, step, float(n)))
+                if not patched:
                     s.step_done(timing.cuda_event() if timing.cuda_in_use() else t1)
             yield batch
 

@@ -145,7 +145,13 @@ class Session:
         elif isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"log(step={step!r}): step must be a non-negative int or None "
                              f"(None files it under the current optimizer step)")
-        self._buf.append((name, step, value if type(value) is float else _scalar(name, value)))
+        if type(value) is float:
+            self._buf.append((name, step, value))
+        elif type(value) is _tensor_type() and not value.is_cuda and value.numel() == 1:
+            # A CPU loss: reading it is a memory read, not a device sync, and frees its graph.
+            self._buf.append((name, step, value.item()))
+        else:
+            self._buf.append((name, step, _scalar(name, value)))
 
     def close(self) -> None:
         """Flush everything recorded and close the event files. Safe to call twice."""
@@ -215,6 +221,18 @@ class Session:
     def on_close(self, undo: Callable[[], None]) -> None:
         """Run ``undo`` when the session closes (restores backend flags a technique changed)."""
         self._on_close.append(undo)
+
+
+_Tensor: Any = None
+
+
+def _tensor_type() -> Any:
+    global _Tensor
+    if _Tensor is None:
+        import torch
+
+        _Tensor = torch.Tensor
+    return _Tensor
 
 
 def _scalar(name: str, value: Any) -> Any:

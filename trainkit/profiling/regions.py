@@ -18,14 +18,19 @@ _NAME = re.compile(r"^[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*$")
 _profiler_enabled: Optional[Callable[[], bool]] = None
 
 
-def profiler_enabled() -> bool:
-    """True while a torch.profiler / autograd profiler is recording (a ~0.1 us C call)."""
+def profiler_check() -> Callable[[], bool]:
+    """torch's own C function telling whether a profiler records, to call in a hot loop."""
     global _profiler_enabled
     if _profiler_enabled is None:
         import torch
 
         _profiler_enabled = torch._C._autograd._profiler_enabled
-    return _profiler_enabled()
+    return _profiler_enabled
+
+
+def profiler_enabled() -> bool:
+    """True while a torch.profiler / autograd profiler is recording (a ~0.1 us C call)."""
+    return (_profiler_enabled or profiler_check())()
 
 
 _tags: Dict[str, str] = {}  # name -> its TensorBoard tag, built once
@@ -83,7 +88,7 @@ class profile_region:  # noqa: N801 - used like a function: `with tk.profile_reg
         self._ev0: Any = None
 
     def __enter__(self) -> "profile_region":
-        if profiler_enabled():
+        if (_profiler_enabled or profiler_check())():
             import torch
 
             self._rf = torch.profiler.record_function(self.name)
@@ -104,7 +109,7 @@ class profile_region:  # noqa: N801 - used like a function: `with tk.profile_reg
                 s.record(tag, timing.PendingInterval(self._ev0, timing.cuda_event()))
                 self._ev0 = None
             else:
-                s.record(tag, (t1 - self._t0) * 1e3)
+                s._buf.append((tag, s.step, (t1 - self._t0) * 1e3))
         if self._rf is not None:
             rf, self._rf = self._rf, None
             rf.__exit__(*exc)
