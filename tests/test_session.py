@@ -179,5 +179,6 @@ def test_no_session_means_nothing_recorded_and_nothing_breaks(tmp_path):
 def test_bad_technique_overrides_leave_no_session_open(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINKIT_TECHNIQUES", '{"tf32": ')
     with pytest.raises(ValueError, match="TRAINKIT_TECHNIQUES"):
-        tk.session(logdir=tmp_path)
+        tk.session(logdir=tmp_path / "run")
     assert tk.active() is None
+    assert not (tmp_path / "run").exists()  # refused before anything was created

@@ -82,6 +82,9 @@ class Session:
             raise TypeError(f"session(system_metrics={system_metrics!r}): must be True or False")
         self.profile = _check_profile(profile)
         _check_none_active()
+        from .switches import check_overrides
+
+        check_overrides()  # a malformed TRAINKIT_TECHNIQUES fails here, before anything starts
         root = _check_logdir(_default_logdir() if logdir is None else logdir)
         rank = _env.rank()
         #: Where this process writes: ``<logdir>/rank<N>`` under torchrun, else ``logdir``.
@@ -107,21 +110,20 @@ class Session:
         self._on_close: List[Callable[[], None]] = []
         #: technique -> value in force, as read by tk.technique during this session.
         self.techniques: Dict[str, Any] = {}
-        from .profiling import gcwatch
-
-        self._on_close.append(gcwatch.install(self))
         self._profiler = None
-        if self.profile is not None:
-            from .profiling.trace import start_profiler
-
-            self._profiler = start_profiler(self)
-        _activate(self)
-        from .techniques import backends
-
         try:
+            from .profiling import gcwatch
+            from .techniques import backends
+
+            self._on_close.append(gcwatch.install(self))
+            if self.profile is not None:
+                from .profiling.trace import start_profiler
+
+                self._profiler = start_profiler(self)
+            _activate(self)
             backends.apply(self)  # tf32 / cudnn_benchmark overrides, restored on close
         except BaseException:
-            self.close()  # e.g. a malformed TRAINKIT_TECHNIQUES: leave no session half-open
+            self.close()  # leave no session, thread or hook half-started
             raise
 
     # -- public ----------------------------------------------------------------------------------

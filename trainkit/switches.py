@@ -49,6 +49,11 @@ def _env_overrides() -> Dict[str, Any]:
     return _from_env or {}
 
 
+def check_overrides() -> None:
+    """Raise ``ValueError`` now if ``TRAINKIT_TECHNIQUES`` is set but malformed."""
+    _env_overrides()
+
+
 def technique(name: str, default: Any) -> Any:
     """The value in force for technique ``name``: the ablation's override, else ``default``.
 
