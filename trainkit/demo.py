@@ -87,9 +87,6 @@ def run(config: DemoConfig) -> DemoResult:
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     criterion = torch.nn.CrossEntropyLoss()
     logdir = config.logdir or default_logdir()
-    step_ms: List[float] = []
-    waits: List[float] = []
-    losses: List[float] = []
     with tk.session(logdir=logdir) as s, _progress(config) as bar:
         tk.patch(optimizer)
         loader = tk.patch(DataLoader(train, batch_size=config.batch_size, shuffle=True,
@@ -113,7 +110,6 @@ def run(config: DemoConfig) -> DemoResult:
                 bar.advance(task)
             accuracy = _evaluate(model, val_x, val_y, device, config.batch_size)
             s.log("val/accuracy", accuracy)
-        losses.append(float(loss.detach()))
     step_ms, waits = _read_back(s.logdir)
     median = statistics.median(step_ms) if step_ms else float("nan")
     total = sum(step_ms)
@@ -121,7 +117,7 @@ def run(config: DemoConfig) -> DemoResult:
         logdir=s.logdir, steps=len(step_ms), median_step_ms=median,
         samples_per_s=config.batch_size / (median / 1e3) if step_ms else float("nan"),
         data_wait_share=(sum(waits) / total) if total else 0.0,
-        final_loss=losses[-1], accuracy=accuracy)
+        final_loss=float(loss.detach()), accuracy=accuracy)
 
 
 def _evaluate(model: Any, x: Any, y: Any, device: Any, batch_size: int) -> float:

@@ -20,7 +20,7 @@ import functools
 import re
 import time
 import warnings
-from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, Union, overload
+from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, overload
 
 from ..session import active as _active_session  # the module name is rebound by __init__
 from ..recorder import COMPILE_RECOMPILES, COMPILE_SECONDS
