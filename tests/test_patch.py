@@ -185,3 +185,18 @@ def test_patch_compile_flag_must_be_bool_and_only_for_optimizers():
     assert "step" not in opt.__dict__
     with pytest.raises(TypeError, match="optimizers only"):
         tk.patch([1, 2], compile=True)
+
+
+def test_zero_grad_is_wrapped_only_when_something_needs_it():
+    model = mlp()
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    assert "zero_grad" not in opt.__dict__  # set_to_none=True is zero_grad's own default
+    with tk.accumulate(2, opt):
+        assert "zero_grad" in opt.__dict__  # the window must hold the gradients
+        x, y = next(iter(loader()))
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        assert all(p.grad is not None for p in model.parameters())
+    tk.unpatch(opt)
+    assert "zero_grad" not in opt.__dict__

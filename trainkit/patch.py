@@ -159,6 +159,16 @@ def _step_function(orig: Any) -> Any:
     return fn
 
 
+def wrap_zero_grad(opt: Any) -> None:
+    """Route ``opt.zero_grad`` through its patch (the accumulation gate, ``set_to_none``).
+
+    Done only when something needs it: a wrapper on every ``zero_grad()`` is a cost per step.
+    """
+    current = opt.__dict__.get("zero_grad")
+    if getattr(current, "__func__", None) is not _patched_zero_grad:
+        opt.zero_grad = types.MethodType(_patched_zero_grad, opt)
+
+
 def optimizer_patch(opt: Any) -> Optional[OptimizerPatch]:
     """The patch state of ``opt``, or None when it is not patched."""
     return opt.__dict__.get(_ATTR) if hasattr(opt, "__dict__") else None
@@ -170,13 +180,14 @@ def _patch_optimizer(opt: Any, *, compile: bool) -> Any:
         p = OptimizerPatch(opt)
         opt.__dict__[_ATTR] = p
         opt.step = types.MethodType(_step_function(p.orig_step), opt)
-        opt.zero_grad = types.MethodType(_patched_zero_grad, opt)
         _patched.add(opt)
         # Technique switches acting at the patch (trainkit.techniques.fused; set_to_none).
         from .switches import technique
         from .techniques import fused
 
         p.set_to_none = bool(technique("set_to_none", True))
+        if not p.set_to_none:  # True is zero_grad's own default: nothing to wrap for it
+            wrap_zero_grad(opt)
         p.undo_fused = fused.apply(opt)
     if compile and not p.compiled:
         from .techniques.compiled_step import compile_core

@@ -330,7 +330,7 @@ def _release_signals() -> None:
 
 
 def session(logdir: Optional[Union[str, "os.PathLike[str]"]] = None, *, profile: Any = None,
-            log_every: int = 50, flush_secs: float = 2.0, system_metrics: bool = True) -> Session:
+            log_every: int = 1000, flush_secs: float = 2.0, system_metrics: bool = True) -> Session:
     """Start recording into ``logdir`` (TensorBoard layout; created if missing).
 
     Args:

@@ -29,7 +29,7 @@ import sys
 import warnings
 from typing import Any, Callable, Iterator, List, Literal, Optional
 
-from ..patch import optimizer_patch, patch as _patch_opt
+from ..patch import optimizer_patch, patch as _patch_opt, wrap_zero_grad
 
 Normalize = Literal["mean", "items"]
 _NORMALIZE = ("mean", "items")
@@ -338,6 +338,7 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None,
     hook = None
     if model is not None:
         hook = model.register_forward_pre_hook(acc.forward_pre_hook)
+    wrap_zero_grad(optimizer)  # zero_grad() must be a no-op inside a window
     p.gate = acc
     _open.append(acc)
     ok = False
