@@ -17,11 +17,16 @@ unpatched optimizer. The new ``step`` is a bound method, as LR schedulers expect
 """
 from __future__ import annotations
 
+import sys
 import types
 import weakref
 from typing import Any, Callable, Iterator, Optional
 
 from .session import active as _active_session
+
+# The session module itself (``trainkit.session`` the attribute is the function ``tk.session``):
+# the hot paths read ``_S._active`` instead of calling ``active()``.
+_S = sys.modules[__package__ + ".session"]
 from . import timing
 from .recorder import CLOSURE_MS, DATA_WAIT, ITEMS, UPDATE_MS
 from .profiling.regions import profiler_check, profiler_enabled, record_function
@@ -72,16 +77,7 @@ class OptimizerPatch:
         if s is None:
             return self.core(*args, **kwargs)
         if not args and not kwargs and not self.cuda() and not profiler_enabled():
-            # The common case, kept short: a CPU step without a closure, no profiler recording.
-            t0 = timing.now()
-            out = self.core()
-            t1 = timing.now()
-            s._buf.append((UPDATE_MS, s.step, (t1 - t0) * 1e3))
-            if s._primary is None:
-                s._primary = self
-            if s._primary is self:
-                s.step_done(t1)
-            return out
+            return self.fast_step(s)
         closure_ms = [0.0]
         closure = kwargs.get("closure", args[0] if args else None)
         if closure is not None:
@@ -111,6 +107,18 @@ class OptimizerPatch:
             s._primary = self
         if s._primary is self:  # a second optimizer (a GAN's) adds its update time, not a step
             s.step_done(end)
+        return out
+
+    def fast_step(self, s: Any) -> Any:
+        """The common case, kept short: a CPU step without a closure, no profiler recording."""
+        t0 = timing.now()
+        out = self.core()
+        t1 = timing.now()
+        s._buf.append((UPDATE_MS, s.step, (t1 - t0) * 1e3))
+        if s._primary is None:
+            s._primary = self
+        if s._primary is self:
+            s.step_done(t1)
         return out
 
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:
@@ -147,16 +155,28 @@ def _patched_zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
     return p.zero_grad(*args, **kwargs)
 
 
-def _step_function(orig: Any) -> Any:
-    # A copy of _patched_step per optimizer, so it can carry the marker an LR scheduler created
-    # before the patch left on the step it wrapped: without it, the scheduler warns at its first
-    # step() that "optimizer.step() has been overridden after learning rate scheduler initialization".
-    fn = types.FunctionType(_patched_step.__code__, _patched_step.__globals__, "step",
-                            _patched_step.__defaults__, _patched_step.__closure__)
-    fn.__wrapped_step__ = True  # type: ignore[attr-defined]
-    if getattr(orig, "_wrapped_by_lr_sched", False):
-        fn._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
-    return fn
+def _step_function(p: OptimizerPatch) -> Any:
+    """The ``step`` of one patched optimizer: its own function, for two reasons.
+
+    It carries the marker that an LR scheduler created before the patch left on the step it
+    wrapped (without it the scheduler warns at its first step() that "optimizer.step() has been
+    overridden after learning rate scheduler initialization"); and it holds its patch, so the
+    common case (a CPU step, no closure, no gate, no profiler) runs in this one frame.
+    """
+    prof = profiler_check()
+
+    def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if (not args and not kwargs and p.gate is None and p._cuda is False
+                and self.__dict__.get(_ATTR) is p):
+            s = _S._active
+            if s is not None and not prof():
+                return p.fast_step(s)
+        return _patched_step(self, *args, **kwargs)
+
+    step.__wrapped_step__ = True  # type: ignore[attr-defined]
+    if getattr(p.orig_step, "_wrapped_by_lr_sched", False):
+        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    return step
 
 
 def wrap_zero_grad(opt: Any) -> None:
@@ -179,7 +199,7 @@ def _patch_optimizer(opt: Any, *, compile: bool) -> Any:
     if p is None:
         p = OptimizerPatch(opt)
         opt.__dict__[_ATTR] = p
-        opt.step = types.MethodType(_step_function(p.orig_step), opt)
+        opt.step = types.MethodType(_step_function(p), opt)
         _patched.add(opt)
         # Technique switches acting at the patch (trainkit.techniques.fused; set_to_none).
         from .switches import technique
@@ -245,7 +265,7 @@ class PatchedLoader:
             except StopIteration:
                 return
             t1 = now()
-            s = _active_session()
+            s = _S._active
             if s is not None:
                 if s._last_step_end is None:  # the first step's time starts with its data
                     s._last_step_end = timing.cuda_event() if timing.cuda_in_use() else t0

@@ -92,6 +92,7 @@ class Session:
         self.root = root
         self.rank = rank
         self._pid = os.getpid()
+        _tensor_type()  # binds _Tensor, which log() compares against without a call
         sampler = None
         if system_metrics:
             from .sinks.system import SystemSampler
@@ -149,7 +150,7 @@ class Session:
                              f"(None files it under the current optimizer step)")
         if type(value) is float:
             self._buf.append((name, step, value))
-        elif type(value) is _tensor_type() and not value.is_cuda and value.numel() == 1:
+        elif type(value) is _Tensor and not value.is_cuda and value.numel() == 1:
             # A CPU loss: reading it is a memory read, not a device sync, and frees its graph.
             self._buf.append((name, step, value.item()))
         else:

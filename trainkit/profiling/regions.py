@@ -6,10 +6,10 @@ context manager costs ~1.5 us per use where ``__enter__``/``__exit__`` cost ~0.3
 from __future__ import annotations
 
 import functools
+import importlib
 import re
 from typing import Any, Callable, Dict, Optional, TypeVar
 
-from ..session import active as _active_session
 from .. import timing
 from ..recorder import REGION
 
@@ -31,6 +31,20 @@ def profiler_check() -> Callable[[], bool]:
 def profiler_enabled() -> bool:
     """True while a torch.profiler / autograd profiler is recording (a ~0.1 us C call)."""
     return (_profiler_enabled or profiler_check())()
+
+
+# The session module itself (``trainkit.session`` the attribute is the function ``tk.session``).
+_S = importlib.import_module(__package__.rsplit(".", 1)[0] + ".session")
+_cuda_state: Dict[str, Any] = {}  # torch.cuda's module dict: "_initialized" turns True with CUDA
+
+
+def _load_cuda_state() -> Dict[str, Any]:
+    """``torch.cuda.__dict__``, read once: an entered region checks CUDA with one dict lookup."""
+    global _cuda_state
+    import torch
+
+    _cuda_state = torch.cuda.__dict__
+    return _cuda_state
 
 
 _tags: Dict[str, str] = {}  # name -> its TensorBoard tag, built once
@@ -83,7 +97,9 @@ class profile_region:  # noqa: N801 - used like a function: `with tk.profile_reg
     __slots__ = ("name", "_t0", "_ev0", "_rf")
 
     def __init__(self, name: str) -> None:
-        self.name = check_name(name)
+        if name not in _checked:
+            check_name(name)
+        self.name = name
         self._rf: Any = None
         self._ev0: Any = None
 
@@ -93,14 +109,14 @@ class profile_region:  # noqa: N801 - used like a function: `with tk.profile_reg
 
             self._rf = torch.profiler.record_function(self.name)
             self._rf.__enter__()
-        if timing.cuda_in_use() and _active_session() is not None:
+        if (_cuda_state or _load_cuda_state()).get("_initialized") is True and _S._active is not None:
             self._ev0 = timing.cuda_event()
         self._t0 = timing.now()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         t1 = timing.now()
-        s = _active_session()
+        s = _S._active
         if s is not None:
             tag = _tags.get(self.name)
             if tag is None:
