@@ -28,6 +28,21 @@ def _run_until_step(child: Child, n: int = WAIT_STEP) -> None:
     child.wait_for(lambda line: line.startswith(f"step {n} "), timeout=90)
 
 
+def _signal_at_step(logdir, mode, sig, *extra, before_signal=None):
+    """Start the child (flush_secs=60: only the signal's flush can save the records), let it run
+    to WAIT_STEP, send ``sig`` and wait. Returns ``(child, returncode)``."""
+    child = _start(logdir, 60, mode, *extra)
+    try:
+        _run_until_step(child)
+        if before_signal is not None:
+            before_signal()
+        child.proc.send_signal(sig)
+        rc = child.wait(60)
+    finally:
+        child.kill()
+    return child, rc
+
+
 def _assert_flushed(logdir, child: Child) -> int:
     """Every step the child printed is in the event file, with its loss. Returns that count."""
     printed = child.steps()
@@ -59,14 +74,7 @@ def _assert_flushed(logdir, child: Child) -> int:
 @pytest.mark.timeout(120)
 def test_sigterm_flushes_and_dies_by_sigterm(tmp_path):
     logdir = tmp_path / "run"
-    # flush_secs=60: the writer thread never flushes by itself, only the SIGTERM handler can.
-    child = _start(logdir, 60, "plain")
-    try:
-        _run_until_step(child)
-        child.proc.send_signal(signal.SIGTERM)
-        rc = child.wait(60)
-    finally:
-        child.kill()
+    child, rc = _signal_at_step(logdir, "plain", signal.SIGTERM)
     assert rc == -signal.SIGTERM, (rc, child.stderr[-3000:])
     assert "Traceback" not in child.stderr, child.stderr[-3000:]
     _assert_flushed(logdir, child)
@@ -76,14 +84,11 @@ def test_sigterm_flushes_and_dies_by_sigterm(tmp_path):
 def test_sigterm_runs_users_own_handler_after_flushing(tmp_path):
     logdir = tmp_path / "run"
     marker = tmp_path / "marker.txt"
-    child = _start(logdir, 60, "user_handler", marker)
-    try:
-        _run_until_step(child)
+    def no_marker_yet():
         assert not marker.exists()
-        child.proc.send_signal(signal.SIGTERM)
-        rc = child.wait(60)
-    finally:
-        child.kill()
+
+    child, rc = _signal_at_step(logdir, "user_handler", signal.SIGTERM, marker,
+                                before_signal=no_marker_yet)
     assert rc == 3, (rc, child.stderr[-3000:])
     assert marker.read_text() == f"handled {int(signal.SIGTERM)}\n"
     _assert_flushed(logdir, child)
@@ -92,13 +97,7 @@ def test_sigterm_runs_users_own_handler_after_flushing(tmp_path):
 @pytest.mark.timeout(120)
 def test_sigint_uncaught_flushes_and_dies_by_sigint(tmp_path):
     logdir = tmp_path / "run"
-    child = _start(logdir, 60, "plain")
-    try:
-        _run_until_step(child)
-        child.proc.send_signal(signal.SIGINT)
-        rc = child.wait(60)
-    finally:
-        child.kill()
+    child, rc = _signal_at_step(logdir, "plain", signal.SIGINT)
     # Since Python 3.8 an uncaught KeyboardInterrupt ends the interpreter by re-raising SIGINT
     # with the default action, so the parent sees death by SIGINT (-2), not exit status 1.
     assert sys.version_info >= (3, 8)
@@ -110,13 +109,7 @@ def test_sigint_uncaught_flushes_and_dies_by_sigint(tmp_path):
 @pytest.mark.timeout(120)
 def test_sigint_caught_outside_session_flushes_and_exits_0(tmp_path):
     logdir = tmp_path / "run"
-    child = _start(logdir, 60, "catch_kbi")
-    try:
-        _run_until_step(child)
-        child.proc.send_signal(signal.SIGINT)
-        rc = child.wait(60)
-    finally:
-        child.kill()
+    child, rc = _signal_at_step(logdir, "catch_kbi", signal.SIGINT)
     assert rc == 0, (rc, child.stderr[-3000:])
     assert child.lines[-1] == "caught", child.lines[-3:]
     assert "Traceback" not in child.stderr, child.stderr[-3000:]
@@ -128,13 +121,7 @@ def test_sigint_caught_outside_session_flushes_and_exits_0(tmp_path):
 def test_session_without_with_is_flushed_on_signal(tmp_path, sig):
     """`s = tk.session(...)` never closed: the SIGTERM handler / atexit still flush it."""
     logdir = tmp_path / "run"
-    child = _start(logdir, 60, "no_with")
-    try:
-        _run_until_step(child)
-        child.proc.send_signal(sig)
-        rc = child.wait(60)
-    finally:
-        child.kill()
+    child, rc = _signal_at_step(logdir, "no_with", sig)
     assert rc == -sig, (rc, child.stderr[-3000:])
     _assert_flushed(logdir, child)
 
