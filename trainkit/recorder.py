@@ -30,6 +30,8 @@ GC_MS = PREFIX + "gc_ms"  # time in Python garbage collections during the step
 GC_FULL = PREFIX + "gc_full_collections"  # full (generation 2) collections, e.g. gc.collect()
 COMPILE_SECONDS = PREFIX + "compile/seconds"  # wall time of the calls that compiled
 COMPILE_RECOMPILES = PREFIX + "compile/recompiles"  # running count
+AMP_SCALE = PREFIX + "amp/scale"  # GradScaler's scale after the step
+AMP_SKIPPED = PREFIX + "amp/skipped_steps"  # running count of skipped (inf/nan) steps
 # Internal tags (never written as such): inputs of derived rates, and a step's end time.
 ITEMS = "_items"
 H2D_BYTES = "_h2d_bytes"
@@ -40,8 +42,8 @@ STEP_END = "_t"
 # closure calls of LBFGS); anything else a step records more than once is averaged (the losses
 # of the micro-batches of one accumulation window give the window's loss).
 _SUMMED = (DATA_WAIT, H2D_MS, CLOSURE_MS, UPDATE_MS, ITEMS, H2D_BYTES, H2D_PINNED_BYTES,
-           GC_MS, GC_FULL, PREFIX + "amp/skipped_steps_in_step", COMPILE_SECONDS)
-_LAST = (STEP_END, PREFIX + "amp/scale", COMPILE_RECOMPILES, PREFIX + "amp/skipped_steps")
+           GC_MS, GC_FULL, COMPILE_SECONDS)
+_LAST = (STEP_END, AMP_SCALE, COMPILE_RECOMPILES, AMP_SKIPPED)
 
 Record = Tuple[str, int, Any]
 

@@ -26,10 +26,8 @@ from ..patch import optimizer_patch
 from .accumulate import warn_if_divided
 from ..session import active as _active_session
 from .. import switches
-from ..recorder import PREFIX
+from ..recorder import AMP_SCALE, AMP_SKIPPED
 
-AMP_SCALE = PREFIX + "amp/scale"
-AMP_SKIPPED = PREFIX + "amp/skipped_steps"
 
 Dtype = Literal["auto", "bf16", "fp16", "fp32"]
 _DTYPES = ("auto", "bf16", "fp16", "fp32")
