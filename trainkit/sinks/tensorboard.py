@@ -8,6 +8,7 @@ the training thread on small steps.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import struct
@@ -96,7 +97,7 @@ class EventFileWriter:
         self._summary_pb2 = summary_pb2
         os.makedirs(logdir, exist_ok=True)
         name = "events.out.tfevents.%010d.%s.%d.%d%s" % (
-            int(time.time()), socket.gethostname(), os.getpid(), _next_id(), filename_suffix)
+            int(time.time()), socket.gethostname(), os.getpid(), next(_file_ids), filename_suffix)
         self.path = os.path.join(logdir, name)
         self._file: Optional[IO[bytes]] = open(self.path, "ab")
         self._write_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
@@ -142,10 +143,5 @@ class EventFileWriter:
             self._file = None
 
 
-_ids: Dict[str, int] = {"n": 0}
-
-
-def _next_id() -> int:
-    # Two sessions started within the same second in one process must not share a file name.
-    _ids["n"] += 1
-    return _ids["n"]
+# Two sessions started within the same second in one process must not share a file name.
+_file_ids = itertools.count(1)
