@@ -9,7 +9,7 @@ import torch
 
 import trainkit as tk
 from tests.conftest import scalars
-from tests.helpers import loader, mlp, train
+from tests.helpers import loader, mlp
 
 
 class SlowDataset(torch.utils.data.Dataset):
@@ -73,6 +73,20 @@ def test_items_from_dicts_and_nested_batches(tmp_path):
         assert v == pytest.approx({1: 5, 2: 2}[st] / (steps[st] / 1e3), rel=1e-4)
 
 
+def test_items_when_batches_change_shape_mid_pass(tmp_path):
+    """The loader counts (tensor, ...) batches inline once it knows the layout; batches that
+    leave that layout (an empty tuple, a non-tensor first) are counted the general way."""
+    batches = [(torch.zeros(3, 2), 1), (torch.zeros(6, 2), 1), (), ([torch.zeros(4, 1)], 0),
+               (torch.zeros((), dtype=torch.float32),), [torch.zeros(2, 9)]]
+    with tk.session(logdir=tmp_path):
+        for _ in tk.patch(batches):
+            time.sleep(0.002)
+    got = scalars(tmp_path)
+    steps = dict(got["trainkit/step_time_ms"])
+    items = {st: round(v * steps[st] / 1e3) for st, v in got["trainkit/samples_per_s"]}
+    assert items == {1: 3, 2: 6, 4: 4, 5: 1, 6: 2}  # step 3, the empty tuple, has no items
+
+
 def test_accumulated_batches_add_up_within_a_step(tmp_path):
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -128,6 +142,38 @@ def test_region_appears_in_profiler_trace_only_while_profiling():
             torch.ones(3).sum()
     names = {e.name for e in prof.events()}
     assert "traced_block" in names and "not_traced" not in names
+
+
+def test_region_made_before_a_profiler_is_traced_while_it_records(tmp_path):
+    """A name first used outside any profiler gets the fast (C-entry) region; once a profiler
+    records, the same name opens ranges, and both kinds time the block."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with tk.session(logdir=tmp_path):
+        with tk.profile_region("early"):
+            pass
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            with tk.profile_region("early"):
+                torch.ones(3).sum()
+        with tk.profile_region("early"):
+            pass
+    assert [e.name for e in prof.events()].count("early") == 1
+    assert len(scalars(tmp_path)["trainkit/region/early_ms"]) == 1  # one step: the three add up
+
+
+def test_region_nested_in_itself_times_each_entry(tmp_path):
+    @tk.profile_region("recurse")
+    def recurse(n):
+        time.sleep(0.01)
+        return recurse(n - 1) if n else 0
+
+    with tk.session(logdir=tmp_path) as s:
+        recurse(2)
+        records = [v for tag, _, v in list(s._buf) if tag == "trainkit/region/recurse_ms"]
+    # innermost first: 10, 20 and 30 ms, each entry against its own start
+    assert len(records) == 3 and records[0] < records[1] < records[2]
+    assert records[2] >= 30 and records[1] >= 20 and records[0] >= 10
+    assert scalars(tmp_path)["trainkit/region/recurse_ms"][0][1] == pytest.approx(sum(records), rel=1e-6)
 
 
 @pytest.mark.parametrize("bad", ["", "a b", 3, None, "x//y", "/x"])

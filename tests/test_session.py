@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -151,9 +152,7 @@ def test_rank_folder_under_torchrun_env(tmp_path, monkeypatch):
 
 def test_writer_thread_flushes_without_close(tmp_path):
     """Records reach the file while the run goes on (what makes SIGKILL lose at most flush_secs)."""
-    import time
-
-    with tk.session(logdir=tmp_path, flush_secs=0.2, system_metrics=False) as s:
+    with tk.session(logdir=tmp_path, flush_secs=0.2, system_metrics=False):
         tk.patch(opt := torch.optim.SGD(mlp().parameters(), lr=0.1))
         for _ in range(3):
             opt.step()
@@ -165,6 +164,32 @@ def test_writer_thread_flushes_without_close(tmp_path):
             time.sleep(0.1)
         assert [st for st, _ in got["trainkit/update_ms"]] == [1, 2, 3]
     tk.unpatch(opt)
+
+
+def test_value_logged_after_the_step_joins_that_steps_event(tmp_path):
+    """With log_every=1 the writer is woken at every step's end, before the loss of that step is
+    logged (just after optimizer.step()); it keeps the step back, so each step is one event."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    model = mlp()
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    with tk.session(logdir=tmp_path, log_every=1, flush_secs=60, system_metrics=False) as s:
+        for x, y in tk.patch(loader(n=64, batch_size=8)):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            time.sleep(0.02)  # the writer, woken by the step, runs now
+            s.log("loss", loss)
+    events = {}
+    for path in tmp_path.iterdir():
+        for ev in EventFileLoader(str(path)).Load():
+            tags = {v.tag for v in ev.summary.value}
+            if "trainkit/update_ms" in tags or "loss" in tags:
+                events.setdefault(ev.step, []).append(tags)
+    assert sorted(events) == list(range(1, 9))
+    for step, tag_sets in events.items():
+        assert len(tag_sets) == 1 and {"loss", "trainkit/update_ms"} <= tag_sets[0], (step, tag_sets)
 
 
 def test_no_session_means_nothing_recorded_and_nothing_breaks(tmp_path):

@@ -28,8 +28,9 @@ from .session import active as _active_session
 # the hot paths read ``_S._active`` instead of calling ``active()``.
 _S = sys.modules[__package__ + ".session"]
 from . import timing
-from .recorder import CLOSURE_MS, DATA_WAIT, ITEMS, UPDATE_MS
-from .profiling.regions import profiler_check, profiler_enabled, record_function
+from .recorder import BATCH_REC, CLOSURE_MS, STEP_REC, UPDATE_MS
+from .profiling import regions
+from .profiling.regions import profiler_enabled, record_function
 from .techniques.transfer import items_counter
 
 _ATTR = "_trainkit_patch"
@@ -76,8 +77,6 @@ class OptimizerPatch:
         s = _active_session()
         if s is None:
             return self.core(*args, **kwargs)
-        if not args and not kwargs and not self.cuda() and not profiler_enabled():
-            return self.fast_step(s)
         closure_ms = [0.0]
         closure = kwargs.get("closure", args[0] if args else None)
         if closure is not None:
@@ -107,18 +106,6 @@ class OptimizerPatch:
             s._primary = self
         if s._primary is self:  # a second optimizer (a GAN's) adds its update time, not a step
             s.step_done(end)
-        return out
-
-    def fast_step(self, s: Any) -> Any:
-        """The common case, kept short: a CPU step without a closure, no profiler recording."""
-        t0 = timing.now()
-        out = self.core()
-        t1 = timing.now()
-        s._buf.append((UPDATE_MS, s.step, (t1 - t0) * 1e3))
-        if s._primary is None:
-            s._primary = self
-        if s._primary is self:
-            s.step_done(t1)
         return out
 
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:
@@ -161,16 +148,30 @@ def _step_function(p: OptimizerPatch) -> Any:
     It carries the marker that an LR scheduler created before the patch left on the step it
     wrapped (without it the scheduler warns at its first step() that "optimizer.step() has been
     overridden after learning rate scheduler initialization"); and it holds its patch, so the
-    common case (a CPU step, no closure, no gate, no profiler) runs in this one frame.
+    common case (a CPU step, no closure, no gate, no profiler) runs in this one frame and leaves
+    one record: its start, its end and the previous step's end.
     """
-    prof = profiler_check()
+    regions.load_flags()
+    tap = regions._TAP
+    now = timing.now
 
     def step(self: Any, *args: Any, **kwargs: Any) -> Any:
         if (not args and not kwargs and p.gate is None and p._cuda is False
                 and self.__dict__.get(_ATTR) is p):
             s = _S._active
-            if s is not None and not prof():
-                return p.fast_step(s)
+            if s is not None and s._primary is p and not tap._is_profiler_enabled:
+                t0 = now()
+                out = p.core()
+                t1 = now()
+                n = s.step
+                s._buf.append((STEP_REC, n, t0, t1, s._last_step_end))
+                s._last_step_end = t1
+                s.step = n + 1  # the rest as Session.step_done, inlined: one frame per step
+                if n % s._log_every == 0:
+                    s._wake()
+                if s._profiler is not None:
+                    s._profiler.step()
+                return out
         return _patched_step(self, *args, **kwargs)
 
     step.__wrapped_step__ = True  # type: ignore[attr-defined]
@@ -248,16 +249,18 @@ class PatchedLoader:
         self.source = source
 
     def __iter__(self) -> Iterator[Any]:
-        # Once per batch, between the user's torch calls: names are bound to locals up front.
+        # Once per batch, between the user's torch calls: kept to one record and few lookups.
         it = iter(self.source)
         now = timing.now
+        regions.load_flags()
+        tap = regions._TAP
         count = items_counter()
-        profiling = profiler_check()
         patched = _patched.data  # the WeakSet's own set: empty when no optimizer is patched
+        tensor = count.tensor
         while True:
             t0 = now()
             try:
-                if profiling():  # the wait shows as a named range in traces
+                if tap._is_profiler_enabled:  # the wait shows as a named range in traces
                     with record_function("trainkit/data_wait"):
                         batch = next(it)
                 else:
@@ -268,15 +271,17 @@ class PatchedLoader:
             s = _S._active
             if s is not None:
                 if s._last_step_end is None:  # the first step's time starts with its data
-                    s._last_step_end = timing.cuda_event() if timing.cuda_in_use() else t0
+                    s._last_step_end = timing.cuda_event() if regions._TC._initialized else t0
                 step = s._batch_step = s.step
-                buf = s._buf
-                buf.append((DATA_WAIT, step, (t1 - t0) * 1e3))
-                n = count(batch)
-                if n is not None:
-                    buf.append((ITEMS, step, float(n)))
+                # The common batch, (tensor, ...), counted inline; anything else by its path.
+                if count.first and (batch.__class__ is tuple or batch.__class__ is list):
+                    first = batch[0] if batch else None
+                    n = first.shape[0] if first.__class__ is tensor and first.ndim else count(batch)
+                else:
+                    n = count(batch)
+                s._buf.append((BATCH_REC, step, t0, t1, n))
                 if not patched:
-                    s.step_done(timing.cuda_event() if timing.cuda_in_use() else t1)
+                    s.step_done(timing.cuda_event() if regions._TC._initialized else t1)
             yield batch
 
     def __len__(self) -> int:

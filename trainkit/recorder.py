@@ -1,7 +1,8 @@
 """The buffer behind a session, and the writer thread that turns it into TensorBoard events.
 
-The hot path only appends ``(tag, step, value)`` tuples to a ``deque`` (atomic under the GIL, no
-lock). ``value`` is a float or a pending object (:mod:`trainkit.timing`) resolved later. The writer
+The hot path only appends ``(tag, step, value)`` tuples (and two compound records, below) to a
+``deque`` (atomic under the GIL, no lock). ``value`` is a float or a pending object
+(:mod:`trainkit.timing`) resolved later. The writer
 thread wakes every ``log_every`` steps or ``flush_secs``, groups records by step, combines the
 values of one tag within a step (sums for times spent, the mean for user values), derives rates
 (throughput, bandwidth) and writes one event per completed step.
@@ -37,6 +38,11 @@ ITEMS = "_items"
 H2D_BYTES = "_h2d_bytes"
 H2D_PINNED_BYTES = "_h2d_pinned_bytes"
 STEP_END = "_t"
+# Compound records, one per event on the hot path, taken apart by the writer:
+#   (STEP_REC, step, update_start, end, previous_end): update_ms, step_time_ms and the step's end;
+#   (BATCH_REC, step, wait_start, wait_end, items or None): data_wait_ms and the items it brought.
+STEP_REC = "_step"
+BATCH_REC = "_batch"
 
 # Time spent and counts add up over a step (several micro-batches, several copies, the several
 # closure calls of LBFGS); anything else a step records more than once is averaged (the losses
@@ -78,10 +84,12 @@ class Recorder:
     """Buffer + writer thread + event file of one session (one rank)."""
 
     def __init__(self, logdir: str, *, log_every: int, flush_secs: float,
+                 completed: Callable[[], int],
                  sample: Optional[Callable[[], Dict[str, float]]] = None,
                  sample_secs: float = 1.0) -> None:
-        self.buf: Deque[Record] = collections.deque()
-        self.completed = 0  # steps fully recorded; records of later steps may still arrive
+        self.buf: Deque[Any] = collections.deque()
+        #: Steps completed so far (the session counts them); later ones may still be recording.
+        self.completed = completed
         self.log_every = log_every
         self.flush_secs = flush_secs
         self._sample = sample
@@ -98,48 +106,64 @@ class Recorder:
         self._thread = threading.Thread(target=self._run, name="trainkit-writer", daemon=True)
         self._thread.start()
 
-    # -- hot path ------------------------------------------------------------------------------
-    def step_done(self) -> None:
-        """Called once per real optimizer step (or per batch when nothing steps)."""
-        self.completed += 1
-        if self.completed % self.log_every == 0:
-            self._wake.set()
+    def wake(self) -> None:
+        """Have the writer write now (the session calls it every ``log_every`` steps)."""
+        self._wake.set()
 
     # -- writer thread ---------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop:
-            self._wake.wait(min(self.flush_secs, self._sample_secs))
+            # Woken by the session at a step's end (every log_every steps): that step may still
+            # get the value logged just after optimizer.step(), so it waits for the next write.
+            # Woken by the clock: everything completed is written (what bounds a SIGKILL's loss).
+            woken = self._wake.wait(min(self.flush_secs, self._sample_secs))
             self._wake.clear()
             if self._stop:
                 break
             try:
-                self.flush(final=False)
+                self.flush(final=False, slack=1 if woken else 0)
             except BaseException as exc:  # keep the training alive; close() re-raises nothing
                 self.failed = exc
                 return
 
-    def flush(self, *, final: bool) -> None:
+    def flush(self, *, final: bool, slack: int = 0) -> None:
         """Write every completed step (every step, waiting for the GPU, when ``final``).
+
+        ``slack``: how many of the last completed steps to keep back for a later write.
 
         This runs in the writer thread while the training thread waits for the GIL now and then,
         so it is written for speed: one pass over the records, floats taken as they are.
         """
         with self._lock:
+            # Read before taking records: every record of a step up to here is in the buffer.
+            completed = self.completed() - slack
             buf, opened = self.buf, self._open
             pop = buf.popleft
             for _ in range(len(buf)):
-                tag, step, value = pop()
+                rec = pop()
+                tag, step = rec[0], rec[1]
                 tags = opened.get(step)
                 if tags is None:
                     tags = opened[step] = {}
+                if tag is STEP_REC:
+                    _add(tags, UPDATE_MS, (rec[3] - rec[2]) * 1e3)
+                    _add(tags, STEP_END, rec[3])
+                    if type(rec[4]) is float:
+                        _add(tags, STEP_TIME, (rec[3] - rec[4]) * 1e3)
+                    continue
+                if tag is BATCH_REC:
+                    _add(tags, DATA_WAIT, (rec[3] - rec[2]) * 1e3)
+                    if rec[4] is not None:
+                        _add(tags, ITEMS, float(rec[4]))
+                    continue
                 values = tags.get(tag)
                 if values is None:
-                    tags[tag] = [value]
+                    tags[tag] = [rec[2]]
                 else:
-                    values.append(value)
+                    values.append(rec[2])
             write = self.writer.write_scalars
             for step in sorted(opened):
-                if not final and step > self.completed:
+                if not final and step > completed:
                     break
                 tags = opened[step]
                 combined = _combine_step(tags, final)
@@ -151,7 +175,7 @@ class Recorder:
                 del opened[step]
             if self._sample is not None and (final or timing.now() >= self._next_sample):
                 self._next_sample = timing.now() + self._sample_secs
-                write(step=self.completed, values=self._sample())
+                write(step=self.completed(), values=self._sample())
             self.writer.flush()
 
     def close(self) -> None:
@@ -168,6 +192,14 @@ class Recorder:
 
 
 _NUMBER = (int, float)
+
+
+def _add(tags: Dict[str, List[Any]], tag: str, value: Any) -> None:
+    values = tags.get(tag)
+    if values is None:
+        tags[tag] = [value]
+    else:
+        values.append(value)
 
 
 def _combine_step(tags: Dict[str, List[Any]], final: bool) -> Optional[Dict[str, float]]:

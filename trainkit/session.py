@@ -98,10 +98,12 @@ class Session:
             from .sinks.system import SystemSampler
 
             sampler = SystemSampler()
-        self._recorder = Recorder(self.logdir, log_every=log_every, flush_secs=flush_secs,
-                                  sample=sampler)
-        self._buf = self._recorder.buf
         self.step = 1  # the step in progress; records are filed under it
+        self._recorder = Recorder(self.logdir, log_every=log_every, flush_secs=flush_secs,
+                                  completed=self._completed, sample=sampler)
+        self._buf = self._recorder.buf
+        self._log_every = log_every
+        self._wake = self._recorder.wake
         # The step of the batch a patched loader handed out last: a loss logged after
         # optimizer.step() belongs to the step that batch fed, not to the next one.
         self._batch_step: Optional[int] = None
@@ -141,6 +143,19 @@ class Session:
 
             s.log("loss", loss)
         """
+        if step is None and value.__class__ is _Tensor and name.__class__ is str and name \
+                and (not _cuda._initialized or not value.is_cuda):
+            # The common call, s.log("loss", loss) on the CPU: reading the value is a memory read,
+            # not a device sync, and reading it now (rather than keeping the tensor) frees the
+            # autograd graph the loss still holds.
+            try:
+                v = value.item()
+            except RuntimeError:  # not one element: the general path below says what to do
+                pass
+            else:
+                n = self._batch_step
+                self._buf.append((name, self.step if n is None else n, v))
+                return
         if type(name) is not str or not name:
             raise TypeError(f"log(name={name!r}): name must be a non-empty str, e.g. s.log('loss', loss)")
         if step is None:
@@ -150,9 +165,6 @@ class Session:
                              f"(None files it under the current optimizer step)")
         if type(value) is float:
             self._buf.append((name, step, value))
-        elif type(value) is _Tensor and not value.is_cuda and value.numel() == 1:
-            # A CPU loss: reading it is a memory read, not a device sync, and frees its graph.
-            self._buf.append((name, step, value.item()))
         else:
             self._buf.append((name, step, _scalar(name, value)))
 
@@ -203,6 +215,9 @@ class Session:
     def record(self, tag: str, value: Any) -> None:
         self._buf.append((tag, self.step, value))
 
+    def _completed(self) -> int:
+        return self.step - 1
+
     def step_done(self, end: Any) -> None:
         """A real optimizer step ended at ``end`` (perf_counter, or a CUDA event)."""
         last = self._last_step_end
@@ -217,7 +232,8 @@ class Session:
             self._buf.append((STEP_END, step, timing.now()))
         self._last_step_end = end
         self.step = step + 1
-        self._recorder.step_done()
+        if step % self._log_every == 0:
+            self._wake()
         if self._profiler is not None:
             self._profiler.step()
 
@@ -227,14 +243,15 @@ class Session:
 
 
 _Tensor: Any = None
+_cuda: Any = None  # torch.cuda: log() reads its _initialized (no CUDA tensor can exist before)
 
 
 def _tensor_type() -> Any:
-    global _Tensor
+    global _Tensor, _cuda
     if _Tensor is None:
         import torch
 
-        _Tensor = torch.Tensor
+        _Tensor, _cuda = torch.Tensor, torch.cuda
     return _Tensor
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, List, Optional
 
-#: The host clock. Injectable (``timing.now = fake``) so that tests can be deterministic.
+#: The host clock. Injectable (``timing.now = fake``) so that tests can be deterministic; the hot
+#: paths bind it once (a region when its name is first used, a patch when made, a loader per pass).
 now: Callable[[], float] = time.perf_counter
 
 _pool: List[Any] = []  # finished CUDA events, reused: creating one costs more than recording one

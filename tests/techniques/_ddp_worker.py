@@ -1,7 +1,6 @@
 """Body of each rank of the DDP accumulation test (run by torch.multiprocessing.spawn)."""
 from __future__ import annotations
 
-import copy
 import os
 
 import torch

@@ -1,14 +1,16 @@
 """``tk.profile_region(name)``: time a part of the step, and name it in profiler traces.
 
-A class rather than ``@contextmanager``: a region runs several times per step, and a generator-based
-context manager costs ~1.5 us per use where ``__enter__``/``__exit__`` cost ~0.3 us.
+A region runs several times per step, so ``profile_region(name)`` hands out one context manager per
+name, made once, whose fast path is an append on entry and one on exit (a generator-based
+``@contextmanager`` costs ~5x that, a new object per use ~2x).
 """
 from __future__ import annotations
 
 import functools
 import importlib
 import re
-from typing import Any, Callable, Dict, Optional, TypeVar
+import types
+from typing import Any, Callable, Dict, List, Optional, TypeVar
 
 from .. import timing
 from ..recorder import REGION
@@ -19,7 +21,7 @@ _profiler_enabled: Optional[Callable[[], bool]] = None
 
 
 def profiler_check() -> Callable[[], bool]:
-    """torch's own C function telling whether a profiler records, to call in a hot loop."""
+    """torch's own C function telling whether a profiler records."""
     global _profiler_enabled
     if _profiler_enabled is None:
         import torch
@@ -29,25 +31,44 @@ def profiler_check() -> Callable[[], bool]:
 
 
 def profiler_enabled() -> bool:
-    """True while a torch.profiler / autograd profiler is recording (a ~0.1 us C call)."""
-    return (_profiler_enabled or profiler_check())()
+    """True while a torch.profiler / autograd profiler is recording."""
+    if type(_TC) is not types.ModuleType:
+        load_flags()
+    return bool(_TAP._is_profiler_enabled)
 
 
 # The session module itself (``trainkit.session`` the attribute is the function ``tk.session``).
 _S = importlib.import_module(__package__.rsplit(".", 1)[0] + ".session")
-_cuda_state: Dict[str, Any] = {}  # torch.cuda's module dict: "_initialized" turns True with CUDA
 
 
-def _load_cuda_state() -> Dict[str, Any]:
-    """``torch.cuda.__dict__``, read once: an entered region checks CUDA with one dict lookup."""
-    global _cuda_state
+class _ProfilerShim:
+    """Stands in for ``torch.autograd.profiler`` on a torch without its Python-side flag."""
+
+    @property
+    def _is_profiler_enabled(self) -> bool:
+        return profiler_check()()
+
+
+# What the hot paths read, one module attribute each (a property or a call would cost ~10x):
+# ``_TAP._is_profiler_enabled`` is torch's own Python-side "a profiler records" flag, kept by
+# every torch profiler, and ``_TC._initialized`` turns True when this process initialises CUDA.
+# Stand-ins until :func:`load_flags` (torch is imported lazily).
+_TAP: Any = types.SimpleNamespace(_is_profiler_enabled=False)
+_TC: Any = types.SimpleNamespace(_initialized=False)
+
+
+def load_flags() -> None:
+    """Point ``_TAP`` and ``_TC`` at torch's modules (imports torch; cheap after the first call)."""
+    global _TAP, _TC
+    if type(_TC) is types.ModuleType:
+        return
     import torch
+    import torch.autograd.profiler as tap
 
-    _cuda_state = torch.cuda.__dict__
-    return _cuda_state
+    _TAP = tap if hasattr(tap, "_is_profiler_enabled") else _ProfilerShim()
+    _TC = torch.cuda
 
 
-_tags: Dict[str, str] = {}  # name -> its TensorBoard tag, built once
 _checked: set = set()  # names already validated: a region is entered every step
 
 
@@ -76,7 +97,86 @@ def check_name(name: Any, what: str = "profile_region") -> str:
     return name
 
 
-class profile_region:  # noqa: N801 - used like a function: `with tk.profile_region("forward"):`
+class _Region:
+    """The context manager of one region name (see :func:`profile_region`).
+
+    Entries of the same name nest (a stack of start times), so recursion is timed right; a name
+    entered by several threads at once may swap their times (give each thread its own names).
+    This class opens a ``record_function`` range and records CUDA events as needed; the fast one
+    of a name (:func:`_fast_region`) is used while neither is needed.
+    """
+
+    __slots__ = ("name", "tag", "_starts", "full")
+
+    def __init__(self, name: str, starts: "Optional[List[Any]]" = None) -> None:
+        self.name = name
+        self.tag = REGION + name + "_ms"
+        self._starts: List[Any] = [] if starts is None else starts
+        self.full = self
+
+    def __enter__(self) -> None:
+        rf = None
+        if _TAP._is_profiler_enabled:
+            import torch
+
+            rf = torch.profiler.record_function(self.name)
+            rf.__enter__()
+        ev0 = timing.cuda_event() if _TC._initialized and _S._active is not None else None
+        self._starts.append((timing.now(), ev0, rf))
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        t1 = timing.now()
+        start = self._starts.pop()
+        s = _S._active
+        if start.__class__ is float:  # entered by the fast region
+            if s is not None:
+                s._buf.append((self.tag, s.step, (t1 - start) * 1e3))
+            return
+        t0, ev0, rf = start
+        if s is not None:
+            if ev0 is not None:
+                s.record(self.tag, timing.PendingInterval(ev0, timing.cuda_event()))
+            else:
+                s._buf.append((self.tag, s.step, (t1 - t0) * 1e3))
+        if rf is not None:
+            rf.__exit__(et, ev, tb)
+
+    def __call__(self, fn: F) -> F:
+        if not callable(fn):
+            raise TypeError(f"profile_region({self.name!r}) decorates a function, got {fn!r}")
+        name = self.name
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with profile_region(name):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return f"tk.profile_region({self.name!r})"
+
+
+def _fast_region(name: str) -> _Region:
+    """The region of ``name`` for the common case, no profiler and no CUDA: its entry is C only.
+
+    ``with`` looks ``__enter__`` up on the type, and a C iterator's ``__next__`` found there is
+    called as it is: ``map(starts.append, iter(now, None)).__next__`` reads the clock and pushes
+    the time with no Python frame, where a Python ``__enter__`` costs ~1 us between torch calls.
+    So each name gets its own small class. ``__exit__`` is :class:`_Region`'s.
+    """
+    starts: List[Any] = []
+    cls = type(f"profile_region[{name}]", (_Region,),
+               {"__slots__": (), "__enter__": map(starts.append, iter(timing.now, None)).__next__})
+    r = cls(name, starts)
+    r.full = _Region(name, starts)  # shares the stack: either one's exit ends either one's entry
+    return r
+
+
+_regions: Dict[str, _Region] = {}  # name -> its fast region, made once
+
+
+def profile_region(name: str) -> _Region:
     """Time a block (or every call of a function) as ``trainkit/region/<name>_ms``.
 
     Host time on the CPU; on a GPU, the device time between two CUDA events, resolved later by the
@@ -93,51 +193,13 @@ class profile_region:  # noqa: N801 - used like a function: `with tk.profile_reg
         @tk.profile_region("eval")
         def evaluate(model): ...
     """
-
-    __slots__ = ("name", "_t0", "_ev0", "_rf")
-
-    def __init__(self, name: str) -> None:
-        if name not in _checked:
-            check_name(name)
-        self.name = name
-        self._rf: Any = None
-        self._ev0: Any = None
-
-    def __enter__(self) -> "profile_region":
-        if (_profiler_enabled or profiler_check())():
-            import torch
-
-            self._rf = torch.profiler.record_function(self.name)
-            self._rf.__enter__()
-        if (_cuda_state or _load_cuda_state()).get("_initialized") is True and _S._active is not None:
-            self._ev0 = timing.cuda_event()
-        self._t0 = timing.now()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        t1 = timing.now()
-        s = _S._active
-        if s is not None:
-            tag = _tags.get(self.name)
-            if tag is None:
-                tag = _tags[self.name] = REGION + self.name + "_ms"
-            if self._ev0 is not None:
-                s.record(tag, timing.PendingInterval(self._ev0, timing.cuda_event()))
-                self._ev0 = None
-            else:
-                s._buf.append((tag, s.step, (t1 - self._t0) * 1e3))
-        if self._rf is not None:
-            rf, self._rf = self._rf, None
-            rf.__exit__(*exc)
-
-    def __call__(self, fn: F) -> F:
-        if not callable(fn):
-            raise TypeError(f"profile_region({self.name!r}) decorates a function, got {fn!r}")
-        name = self.name
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with profile_region(name):  # a fresh region per call: recursion and threads are safe
-                return fn(*args, **kwargs)
-
-        return wrapper  # type: ignore[return-value]
+    r = _regions.get(name)
+    if r is None:
+        check_name(name)
+        load_flags()
+        if len(_regions) >= 10_000:  # names made up per call (f"layer{i}"): not all kept
+            return _Region(name)
+        r = _regions[name] = _fast_region(name)
+    if _TAP._is_profiler_enabled or _TC._initialized:
+        return r.full
+    return r

@@ -100,36 +100,44 @@ def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> 
     return out
 
 
-def items_counter() -> Any:
-    """A callable ``batch -> items or None`` that remembers where the first tensor was.
+class ItemsCounter:
+    """``counter(batch)``: the items in a batch (the first dimension of its first tensor) or None.
 
     Batches of one loader share a structure, so after the first one the count is an index or two
-    and a type check, not a walk (this runs once per batch, on the hot path).
+    and a type check, not a walk. ``first`` tells that the tensor is ``batch[0]`` of a tuple or
+    list batch, which the patched loader then reads inline (this runs once per batch).
     """
-    import torch
 
-    tensor = torch.Tensor
-    path: List[Any] = []
-    known = [False]
+    __slots__ = ("tensor", "path", "first")
 
-    def count(batch: Any) -> Any:
-        if known[0]:
+    def __init__(self) -> None:
+        import torch
+
+        self.tensor = torch.Tensor
+        self.path: Optional[List[Any]] = None
+        self.first = False
+
+    def __call__(self, batch: Any) -> Optional[int]:
+        if self.path is not None:
             node = batch
             try:
-                for key in path:
+                for key in self.path:
                     node = node[key]
             except (KeyError, IndexError, TypeError):
                 node = None
-            if type(node) is tensor or isinstance(node, tensor):
+            if isinstance(node, self.tensor):
                 return int(node.shape[0]) if node.dim() > 0 else 1
         found = _find_tensor(batch, [])
         if found is None:
             return None
-        path[:] = found
-        known[0] = True
-        return count(batch)
+        self.path = found
+        self.first = found == [0] and isinstance(batch, (tuple, list))
+        return self(batch)
 
-    return count
+
+def items_counter() -> ItemsCounter:
+    """A fresh :class:`ItemsCounter` (one per pass over a loader)."""
+    return ItemsCounter()
 
 
 def _find_tensor(obj: Any, path: List[Any]) -> Optional[List[Any]]:
