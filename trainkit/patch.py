@@ -245,8 +245,11 @@ class PatchedLoader:
         len(loader); loader.dataset   # as on the DataLoader
     """
 
-    def __init__(self, source: Any) -> None:
+    def __init__(self, source: Any, original: Any = None) -> None:
         self.source = source
+        #: what the user patched; ``source`` is an equivalent rebuilt loader when a technique
+        #: override (``num_workers``, ``pin_memory``) asked for other settings.
+        self.original = source if original is None else original
 
     def __iter__(self) -> Iterator[Any]:
         # Once per batch, between the user's torch calls: kept to one record and few lookups.
@@ -288,7 +291,7 @@ class PatchedLoader:
         return len(self.source)
 
     def __getattr__(self, name: str) -> Any:
-        if name == "source":  # not set yet (unpickling): avoid recursing into __getattr__
+        if name in ("source", "original"):  # not set yet (unpickling): no recursing in here
             raise AttributeError(name)
         return getattr(self.source, name)
 
@@ -332,18 +335,18 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
                         "e.g. tk.patch(optimizer, compile=True)")
     from .techniques.loader_options import rebuild  # pin_memory / num_workers overrides
 
-    return PatchedLoader(rebuild(obj))
+    return PatchedLoader(rebuild(obj), obj)
 
 
 def unpatch(obj: Any) -> Any:
-    """Undo :func:`patch`: the optimizer is restored in place; a loader's source is returned.
+    """Undo :func:`patch`: the optimizer is restored in place; a loader's original is returned.
 
     Example::
 
         tk.unpatch(optimizer); loader = tk.unpatch(loader)
     """
     if isinstance(obj, PatchedLoader):
-        return obj.source
+        return obj.original
     if hasattr(obj, "__dict__") and _ATTR in obj.__dict__:
         return _unpatch_optimizer(obj)
     return obj

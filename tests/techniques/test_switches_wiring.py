@@ -58,6 +58,9 @@ def test_num_workers_override_rebuilds_an_equivalent_loader():
         patched = tk.patch(loader)
     assert patched.source is not loader and patched.num_workers == 1
     assert patched.batch_sampler is loader.batch_sampler  # drop_last lives in it
+    # ...and the rebuilt loader reports the user's settings, not DataLoader's for a batch_sampler
+    assert (patched.batch_size, patched.drop_last, len(patched)) == (3, True, 3)
+    assert tk.unpatch(patched) is loader  # the user's loader comes back, not the rebuilt one
     torch.manual_seed(0)
     got = [b[0].tolist() for b in patched]
     assert len(got) == 3 and sorted(sum(got, [])) != list(range(9))  # shuffled, 9 of 10 kept

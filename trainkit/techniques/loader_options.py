@@ -50,4 +50,11 @@ def rebuild(loader: Any) -> Any:
         kwargs.update(batch_sampler=loader.batch_sampler)
     else:
         kwargs.update(batch_size=None, sampler=loader.sampler)
-    return DataLoader(loader.dataset, **kwargs)
+    new = DataLoader(loader.dataset, **kwargs)
+    if loader.batch_sampler is not None and not isinstance(loader.dataset, IterableDataset):
+        # Given a batch_sampler, DataLoader reports batch_size None and drop_last False; the
+        # batches come from the same sampler, so report what the user's loader reports.
+        # (DataLoader refuses to set these after __init__; its iterators read neither here.)
+        object.__setattr__(new, "batch_size", loader.batch_size)
+        object.__setattr__(new, "drop_last", loader.drop_last)
+    return new
