@@ -1,6 +1,6 @@
 """What trainkit's instrumentation costs per step, next to instrumenting by hand.
 
-Three variants of the same loop, timed one after another in each round (order rotated), one thread:
+Three variants of the same loop, timed one after another in each round (in a random order), one thread:
 
 * plain:   forward, loss, backward, step, zero_grad;
 * trainkit: the same under tk.session + tk.patch(optimizer) + tk.patch(loader) + 3 profile_regions +
@@ -9,18 +9,22 @@ Three variants of the same loop, timed one after another in each round (order ro
            SummaryWriter.add_scalar x2 with loss.item().
 
 Per round, each variant's time per step is divided by plain's; the printed ratio is the median of
-those per-round ratios (drift between rounds cancels) with a bootstrap 95% confidence interval.
+those per-round ratios (drift between rounds cancels) with a bootstrap 95% confidence interval,
+pooled over several fresh processes (a ratio moves between processes by more than within one).
 All variants train one model (each with its own optimizer), and a fourth, "plain again", is plain
-itself: its ratio shows how far from 1.00 the noise alone moves a ratio on this machine.
+itself: its ratio shows how far from 1.00 noise alone moves a ratio on this machine.
 Goals (issue 3): trainkit <= 1.03x on (a) the tiny MLP at batch 32, <= 1.02x on (b) the MNIST CNN
 at batch 64.
 
-    python benchmarks/overhead.py [--rounds 60] [--rounds-cnn 30] [--steps-mlp 200] [--steps-cnn 20]
+    python benchmarks/overhead.py [--only a|b] [--processes 5] [--rounds 40] [--processes-cnn 3]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -109,7 +113,13 @@ def bootstrap_ci(ratios: np.ndarray, *, n: int = 2000, seed: int = 0) -> "tuple[
     return float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
 
 
-def measure(label: str, make_model, batch_size: int, steps: int, rounds: int, goal: float) -> float:
+WORKLOADS = {"a": ("a: MLP 784-64-10, batch 32", mlp, 32, 1.03),
+             "b": ("b: MNIST CNN, batch 64", simple_cnn, 64, 1.02)}
+
+
+def run_rounds(workload: str, steps: int, rounds: int, seed: int) -> Dict[str, List[float]]:
+    """One process's measurement: variant -> ms per step, one value per round."""
+    _, make_model, batch_size, _ = WORKLOADS[workload]
     g = torch.Generator().manual_seed(0)
     batches = [(torch.randn(batch_size, 1, 28, 28, generator=g), torch.randint(0, 10, (batch_size,), generator=g))
                for _ in range(steps)]
@@ -119,14 +129,36 @@ def measure(label: str, make_model, batch_size: int, steps: int, rounds: int, go
             fn()
         names = list(variants)
         per_step: Dict[str, List[float]] = {n: [] for n in names}
-        for r in range(rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
+        rng = random.Random(seed)
+        for _ in range(rounds):
+            # A fresh order each round: a variant runs faster after one that warmed the same code,
+            # so a fixed rotation (plain after "by hand" three times in four) would bias ratios.
+            order = rng.sample(names, len(names))
             for n in order:
                 t0 = time.perf_counter()
                 variants[n]()
                 per_step[n].append((time.perf_counter() - t0) / steps * 1e3)
+    return per_step
+
+
+def measure(workload: str, steps: int, rounds: int, processes: int) -> float:
+    """Run ``processes`` fresh processes of ``rounds`` rounds each; print and return the ratio.
+
+    Fresh processes because a ratio drifts between processes (where code and objects land in
+    memory) by more than it varies within one: the printed ratio pools every round of every
+    process, and each process's own median is printed too.
+    """
+    label, _, _, goal = WORKLOADS[workload]
+    runs = []
+    for i in range(processes):
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", workload,
+                              "--steps", str(steps), "--rounds", str(rounds), "--seed", str(i)],
+                             check=True, capture_output=True, text=True).stdout
+        runs.append(json.loads(out.strip().splitlines()[-1]))
+    per_step = {n: [v for run in runs for v in run[n]] for n in runs[0]}
     plain = np.array(per_step["plain"])
-    print(f"\n({label}) median plain step {np.median(plain):.3f} ms, {rounds} rounds x {steps} steps")
+    print(f"\n({label}) median plain step {np.median(plain):.3f} ms, {processes} processes x "
+          f"{rounds} rounds x {steps} steps")
     result = 0.0
     for n in ("plain again", "trainkit", "by hand"):
         ratios = np.array(per_step[n]) / plain
@@ -136,23 +168,36 @@ def measure(label: str, make_model, batch_size: int, steps: int, rounds: int, go
         if n == "trainkit":
             result = med
             extra = f"   goal <= {goal:.2f}x: {'met' if med <= goal else 'NOT met'}"
+        each = " ".join(f"{np.median(np.array(run[n]) / np.array(run['plain'])):.3f}" for run in runs)
         print(f"  {n:11s} / plain = {med:.3f}x  (95% CI {lo:.3f}-{hi:.3f})  "
-              f"median step {np.median(per_step[n]):.3f} ms{extra}")
+              f"median step {np.median(per_step[n]):.3f} ms{extra}\n"
+              f"  {'':11s}   per process: {each}")
     return result
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=60, help="rounds for (a)")
-    ap.add_argument("--rounds-cnn", type=int, default=30, help="rounds for (b), whose steps are 100x longer")
+    ap.add_argument("--processes", type=int, default=5, help="fresh processes for (a)")
+    ap.add_argument("--processes-cnn", type=int, default=3, help="fresh processes for (b)")
+    ap.add_argument("--rounds", type=int, default=40, help="rounds per process for (a)")
+    ap.add_argument("--rounds-cnn", type=int, default=10, help="rounds per process for (b), whose steps are 100x longer")
     ap.add_argument("--steps-mlp", type=int, default=200)
     ap.add_argument("--steps-cnn", type=int, default=20)
+    ap.add_argument("--only", choices=sorted(WORKLOADS), help="measure one workload")
+    ap.add_argument("--child", choices=sorted(WORKLOADS), help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.child:
+        print(json.dumps(run_rounds(args.child, args.steps, args.rounds, args.seed)))
+        return
     print(f"torch {torch.__version__}, trainkit {tk.__version__}, 1 thread, "
           f"{time.strftime('%Y-%m-%d')}, cpu count {os.cpu_count()}")
-    measure("a: MLP 784-64-10, batch 32", mlp, 32, args.steps_mlp, args.rounds, 1.03)
-    measure("b: MNIST CNN, batch 64", simple_cnn, 64, args.steps_cnn, args.rounds_cnn, 1.02)
+    if args.only in (None, "a"):
+        measure("a", args.steps_mlp, args.rounds, args.processes)
+    if args.only in (None, "b"):
+        measure("b", args.steps_cnn, args.rounds_cnn, args.processes_cnn)
 
 
 if __name__ == "__main__":
