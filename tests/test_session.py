@@ -192,6 +192,20 @@ def test_value_logged_after_the_step_joins_that_steps_event(tmp_path):
         assert len(tag_sets) == 1 and {"loss", "trainkit/update_ms"} <= tag_sets[0], (step, tag_sets)
 
 
+def test_user_names_never_taken_for_internal_records(tmp_path):
+    """Names like trainkit's internal ones ("_t", "_items", "_step") are the user's own tags."""
+    opt = tk.patch(torch.optim.SGD(mlp().parameters(), lr=0.1))
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        for _ in range(2):
+            opt.step()
+            for i, name in enumerate(("_t", "_items", "_step", "_batch")):
+                s.log(name, float(i))
+    got = scalars(tmp_path)
+    assert {name: [v for _, v in got[name]] for name in ("_t", "_items", "_step", "_batch")} == {
+        "_t": [0.0, 0.0], "_items": [1.0, 1.0], "_step": [2.0, 2.0], "_batch": [3.0, 3.0]}
+    assert [st for st, _ in got["trainkit/update_ms"]] == [1, 2]
+
+
 def test_no_session_means_nothing_recorded_and_nothing_breaks(tmp_path):
     model = mlp()
     opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))

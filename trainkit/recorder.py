@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional
 
 from . import timing
 from .sinks.tensorboard import EventFileWriter
@@ -33,16 +33,31 @@ COMPILE_SECONDS = PREFIX + "compile/seconds"  # wall time of the calls that comp
 COMPILE_RECOMPILES = PREFIX + "compile/recompiles"  # running count
 AMP_SCALE = PREFIX + "amp/scale"  # GradScaler's scale after the step
 AMP_SKIPPED = PREFIX + "amp/skipped_steps"  # running count of skipped (inf/nan) steps
-# Internal tags (never written as such): inputs of derived rates, and a step's end time.
-ITEMS = "_items"
-H2D_BYTES = "_h2d_bytes"
-H2D_PINNED_BYTES = "_h2d_pinned_bytes"
-STEP_END = "_t"
+# Internal tags (never written as such): inputs of derived rates, and a step's end time. They start
+# with a NUL, which no name a user logs does, so s.log("_t", ...) stays the user's own tag.
+ITEMS = "\0items"
+H2D_BYTES = "\0h2d_bytes"
+H2D_PINNED_BYTES = "\0h2d_pinned_bytes"
+STEP_END = "\0t"
+
+
+class _Compound:
+    """The tag of a compound record: an object, not a str, so no logged name can be taken for it."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<compound record {self.name}>"
+
+
 # Compound records, one per event on the hot path, taken apart by the writer:
 #   (STEP_REC, step, update_start, end, previous_end): update_ms, step_time_ms and the step's end;
 #   (BATCH_REC, step, wait_start, wait_end, items or None): data_wait_ms and the items it brought.
-STEP_REC = "_step"
-BATCH_REC = "_batch"
+STEP_REC = _Compound("step")
+BATCH_REC = _Compound("batch")
 
 # Time spent and counts add up over a step (several micro-batches, several copies, the several
 # closure calls of LBFGS); anything else a step records more than once is averaged (the losses
@@ -50,8 +65,6 @@ BATCH_REC = "_batch"
 _SUMMED = (DATA_WAIT, H2D_MS, CLOSURE_MS, UPDATE_MS, ITEMS, H2D_BYTES, H2D_PINNED_BYTES,
            GC_MS, GC_FULL, COMPILE_SECONDS)
 _LAST = (STEP_END, AMP_SCALE, COMPILE_RECOMPILES, AMP_SKIPPED)
-
-Record = Tuple[str, int, Any]
 
 
 def _combine(tag: str, values: List[float]) -> float:
