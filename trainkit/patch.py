@@ -31,7 +31,7 @@ from . import timing
 from .recorder import BATCH_REC, CLOSURE_MS, STEP_REC, UPDATE_MS
 from .profiling import regions
 from .profiling.regions import profiler_enabled, record_function
-from .techniques.transfer import items_counter
+from .techniques.transfer import ItemsCounter
 
 _ATTR = "_trainkit_patch"
 _MISSING = object()
@@ -257,7 +257,7 @@ class PatchedLoader:
         now = timing.now
         regions.load_flags()
         tap = regions._TAP
-        count = items_counter()
+        count = ItemsCounter()  # one per pass: it learns where this loader's items are
         patched = _patched.data  # the WeakSet's own set: empty when no optimizer is patched
         tensor = count.tensor
         while True:

@@ -2,10 +2,10 @@
 
 The hot path only appends ``(tag, step, value)`` tuples (and two compound records, below) to a
 ``deque`` (atomic under the GIL, no lock). ``value`` is a float or a pending object
-(:mod:`trainkit.timing`) resolved later. The writer
-thread wakes every ``log_every`` steps or ``flush_secs``, groups records by step, combines the
-values of one tag within a step (sums for times spent, the mean for user values), derives rates
-(throughput, bandwidth) and writes one event per completed step.
+(:mod:`trainkit.timing`) resolved later. The writer thread wakes when the session asks (every
+``log_every`` steps) or every ``flush_secs``, groups records by step, combines the values of one
+tag within a step (sums for times spent, the mean for user values), derives rates (throughput,
+bandwidth) and writes one event per completed step.
 """
 from __future__ import annotations
 
@@ -96,14 +96,13 @@ def derive(values: Dict[str, float]) -> Dict[str, float]:
 class Recorder:
     """Buffer + writer thread + event file of one session (one rank)."""
 
-    def __init__(self, logdir: str, *, log_every: int, flush_secs: float,
+    def __init__(self, logdir: str, *, flush_secs: float,
                  completed: Callable[[], int],
                  sample: Optional[Callable[[], Dict[str, float]]] = None,
                  sample_secs: float = 1.0) -> None:
         self.buf: Deque[Any] = collections.deque()
         #: Steps completed so far (the session counts them); later ones may still be recording.
         self.completed = completed
-        self.log_every = log_every
         self.flush_secs = flush_secs
         self._sample = sample
         self._sample_secs = sample_secs
@@ -163,17 +162,12 @@ class Recorder:
                     _add(tags, STEP_END, rec[3])
                     if type(rec[4]) is float:
                         _add(tags, STEP_TIME, (rec[3] - rec[4]) * 1e3)
-                    continue
-                if tag is BATCH_REC:
+                elif tag is BATCH_REC:
                     _add(tags, DATA_WAIT, (rec[3] - rec[2]) * 1e3)
                     if rec[4] is not None:
                         _add(tags, ITEMS, float(rec[4]))
-                    continue
-                values = tags.get(tag)
-                if values is None:
-                    tags[tag] = [rec[2]]
                 else:
-                    values.append(rec[2])
+                    _add(tags, tag, rec[2])
             write = self.writer.write_scalars
             for step in sorted(opened):
                 if not final and step > completed:

@@ -99,7 +99,7 @@ class Session:
 
             sampler = SystemSampler()
         self.step = 1  # the step in progress; records are filed under it
-        self._recorder = Recorder(self.logdir, log_every=log_every, flush_secs=flush_secs,
+        self._recorder = Recorder(self.logdir, flush_secs=flush_secs,
                                   completed=self._completed, sample=sampler)
         self._buf = self._recorder.buf
         self._log_every = log_every

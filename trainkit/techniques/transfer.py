@@ -135,11 +135,6 @@ class ItemsCounter:
         return self(batch)
 
 
-def items_counter() -> ItemsCounter:
-    """A fresh :class:`ItemsCounter` (one per pass over a loader)."""
-    return ItemsCounter()
-
-
 def _find_tensor(obj: Any, path: List[Any]) -> Optional[List[Any]]:
     import torch
 
