@@ -43,6 +43,35 @@ def mlp() -> torch.nn.Module:
                                torch.nn.Linear(64, 10))
 
 
+def make_batches(batch_size: int, steps: int) -> List:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(batch_size, 1, 28, 28, generator=g),
+             torch.randint(0, 10, (batch_size,), generator=g)) for _ in range(steps)]
+
+
+def plain_loop(model: torch.nn.Module, opt, crit, batches) -> None:
+    """One pass: forward, loss, backward, step, zero_grad."""
+    for x, y in batches:
+        loss = crit(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def trainkit_loop(model: torch.nn.Module, opt, crit, loader, s) -> None:
+    """The same pass over a patched loader with a patched ``opt``: 3 regions and ``s.log``."""
+    for x, y in loader:
+        with tk.profile_region("forward"):
+            out = model(x)
+        with tk.profile_region("loss"):
+            loss = crit(out, y)
+        with tk.profile_region("backward"):
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+        s.log("loss", loss)
+
+
 def make_variants(make_model: Callable[[], torch.nn.Module], batches: List, s) -> Dict[str, Callable]:
     crit = torch.nn.CrossEntropyLoss()
     # One model for all variants, each with its own SGD over its parameters (SGD without momentum
@@ -53,34 +82,18 @@ def make_variants(make_model: Callable[[], torch.nn.Module], batches: List, s) -
     models = {name: (model, torch.optim.SGD(model.parameters(), lr=0.01))
               for name in ("plain", "plain again", "trainkit", "by hand")}
 
-    def plain_loop(m, opt):
-        for x, y in batches:
-            loss = crit(m(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-
     def plain():
-        plain_loop(*models["plain"])
+        plain_loop(*models["plain"], crit, batches)
 
     def plain_again():  # the control: plain against itself shows the noise floor of the ratios
-        plain_loop(*models["plain again"])
+        plain_loop(*models["plain again"], crit, batches)
 
     m_tk, opt_tk = models["trainkit"]
     tk.patch(opt_tk)
     loader_tk = tk.patch(batches)
 
     def trainkit():
-        for x, y in loader_tk:
-            with tk.profile_region("forward"):
-                out = m_tk(x)
-            with tk.profile_region("loss"):
-                loss = crit(out, y)
-            with tk.profile_region("backward"):
-                loss.backward()
-            opt_tk.step()
-            opt_tk.zero_grad()
-            s.log("loss", loss)
+        trainkit_loop(m_tk, opt_tk, crit, loader_tk, s)
 
     from torch.utils.tensorboard import SummaryWriter
 
@@ -120,9 +133,7 @@ WORKLOADS = {"a": ("a: MLP 784-64-10, batch 32", mlp, 32, 1.03),
 def run_rounds(workload: str, steps: int, rounds: int, seed: int) -> Dict[str, List[float]]:
     """One process's measurement: variant -> ms per step, one value per round."""
     _, make_model, batch_size, _ = WORKLOADS[workload]
-    g = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(batch_size, 1, 28, 28, generator=g), torch.randint(0, 10, (batch_size,), generator=g))
-               for _ in range(steps)]
+    batches = make_batches(batch_size, steps)
     with tk.session(logdir=tempfile.mkdtemp(prefix="overhead-tk-")) as s:
         variants = make_variants(make_model, batches, s)
         for fn in variants.values():  # warm-up: allocator, first-call costs, writer thread

@@ -1,10 +1,10 @@
 """trainkit's per-step cost in instructions and simulated cache misses: numbers noise cannot move.
 
 ``overhead.py`` times the loops, and on a shared machine its ratios drift by a few per cent, as
-much as the whole cost of trainkit on a 0.35 ms step. This script runs the same two loops (the
-tiny MLP 784-64-10 at batch 32: plain, and with session + patch(optimizer) + patch(loader) + 3
-regions + ``s.log``) under valgrind's callgrind, counting only the training thread and only the
-measured steps (callgrind's client requests, from a 3-line C helper built here with gcc), with
+much as the whole cost of trainkit on a 0.35 ms step. This script runs the same two loops (its
+``plain_loop`` and ``trainkit_loop`` on the tiny MLP 784-64-10 at batch 32: plain, and with
+session + patch(optimizer) + patch(loader) + 3 regions + ``s.log``) under valgrind's callgrind,
+counting only the training thread and only the measured steps (callgrind's client requests, from a 3-line C helper built here with gcc), with
 its cache simulator set to this machine's L1 (32 KiB) and L2 (1 MiB, as the "LL" level). It
 prints, per step, instructions (Ir), L1 misses and L2 misses of each loop and the difference.
 A loop's count repeats to within ~0.2% between runs, so the difference (about 1% of the plain
@@ -24,7 +24,6 @@ import sys
 import tempfile
 from typing import Dict
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HELPER_C = """#include <valgrind/callgrind.h>
 void tk_start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
 void tk_stop(void) { CALLGRIND_DUMP_STATS_AT("measured"); CALLGRIND_STOP_INSTRUMENTATION; }
@@ -36,45 +35,32 @@ def child(variant: str, passes: int, helper: str) -> None:
     """The loop itself, run under callgrind; only the passes between start and stop count."""
     import ctypes
 
-    sys.path.insert(0, ROOT)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    # overhead.py's own loops (importing it also puts this checkout's trainkit on the path)
+    from overhead import make_batches, mlp, plain_loop, trainkit_loop
     import torch
 
     import trainkit as tk
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 64), torch.nn.ReLU(),
-                                torch.nn.Linear(64, 10))
+    model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     crit = torch.nn.CrossEntropyLoss()
-    g = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(32, 1, 28, 28, generator=g), torch.randint(0, 10, (32,), generator=g))
-               for _ in range(50)]
+    batches = make_batches(32, 50)
     # The writer would wake on the clock far more often under valgrind's slowdown; it runs in its
     # own thread (not counted) but keep it quiet all the same.
     s = tk.session(logdir=tempfile.mkdtemp(prefix="tk-instr-"), log_every=10**9, flush_secs=10**6,
                    system_metrics=False)
     if variant == "plain":
         def one_pass() -> None:
-            for x, y in batches:
-                loss = crit(model(x), y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
+            plain_loop(model, opt, crit, batches)
     else:
         tk.patch(opt)
+        loader = tk.patch(batches)
 
         def one_pass() -> None:
-            for x, y in tk.patch(batches):
-                with tk.profile_region("forward"):
-                    out = model(x)
-                with tk.profile_region("loss"):
-                    loss = crit(out, y)
-                with tk.profile_region("backward"):
-                    loss.backward()
-                opt.step()
-                opt.zero_grad()
-                s.log("loss", loss)
+            trainkit_loop(model, opt, crit, loader, s)
     cg = ctypes.CDLL(helper)
     one_pass()
     one_pass()  # warm: first-call costs, allocator
