@@ -1,32 +1,39 @@
 """What trainkit's instrumentation costs per step, next to instrumenting by hand.
 
-Three variants of the same loop, timed one after another in each round (in a random order), one thread:
+Four variants of the same loop, timed one after another in each round (in a random order), one thread:
 
 * plain:   forward, loss, backward, step, zero_grad;
 * trainkit: the same under tk.session + tk.patch(optimizer) + tk.patch(loader) + 3 profile_regions +
             s.log("loss", loss);
 * by hand: what users write today: perf_counter around the step, record_function x3, and
-           SummaryWriter.add_scalar x2 with loss.item().
+           SummaryWriter.add_scalar x2 with loss.item();
+* floor:   a reference, not a tool: the same shape of instrumentation at its cheapest in Python,
+           with no Python frame besides the loop's own: 3 ``with`` blocks on C context managers,
+           5 clock reads, loss.item() and one tuple appended per step. It keeps the times trainkit
+           keeps (3 regions, the step, the loss), so its ratio is about the least that recording
+           them costs per step on this machine, whatever does the recording.
 
 Per round, each variant's time per step is divided by plain's; the printed ratio is the median of
 those per-round ratios (drift between rounds cancels) with a bootstrap 95% confidence interval,
 pooled over several fresh processes (a ratio moves between processes by more than within one).
-All variants train one model (each with its own optimizer), and a fourth, "plain again", is plain
+All variants train one model (each with its own optimizer), and a fifth, "plain again", is plain
 itself: its ratio shows how far from 1.00 noise alone moves a ratio on this machine.
 Goals (issue 3): trainkit <= 1.03x on (a) the tiny MLP at batch 32, <= 1.02x on (b) the MNIST CNN
 at batch 64.
 
-    python benchmarks/overhead.py [--only a|b] [--processes 5] [--rounds 40] [--processes-cnn 3]
+    python benchmarks/overhead.py [--only a|b] [--device cpu|cuda] [--processes 5] [--rounds 40]
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Callable, Dict, List
 
@@ -72,15 +79,40 @@ def trainkit_loop(model: torch.nn.Module, opt, crit, loader, s) -> None:
         s.log("loss", loss)
 
 
-def make_variants(make_model: Callable[[], torch.nn.Module], batches: List, s) -> Dict[str, Callable]:
+def floor_loop(model: torch.nn.Module, opt, crit, batches, locks, now: Callable, out: list) -> None:
+    """:func:`trainkit_loop`'s instrumentation at its cheapest: C calls only (see the docstring).
+
+    ``now`` marks a time: the host clock on the CPU; on a GPU, recording the next of a pool of
+    CUDA events, as trainkit does there (a host clock says when work was queued, not when it ran).
+    """
+    forward, loss_region, backward = locks  # threading.Lock: a context manager written in C
+    for x, y in batches:
+        t0 = now()
+        with forward:
+            out_ = model(x)
+        t1 = now()
+        with loss_region:
+            loss = crit(out_, y)
+        t2 = now()
+        with backward:
+            loss.backward()
+        t3 = now()
+        opt.step()
+        opt.zero_grad()
+        out.append((t0, t1, t2, t3, now(), loss.item()))
+    out.clear()
+
+
+def make_variants(make_model: Callable[[], torch.nn.Module], batches: List, s,
+                  device: torch.device) -> Dict[str, Callable]:
     crit = torch.nn.CrossEntropyLoss()
     # One model for all variants, each with its own SGD over its parameters (SGD without momentum
     # keeps no state): the variants differ by their instrumentation only, not by where their
     # tensors happen to lie in memory (which alone moves a 0.35 ms step by a few per cent).
     torch.manual_seed(0)
-    model = make_model()
+    model = make_model().to(device)
     models = {name: (model, torch.optim.SGD(model.parameters(), lr=0.01))
-              for name in ("plain", "plain again", "trainkit", "by hand")}
+              for name in ("plain", "plain again", "trainkit", "by hand", "floor")}
 
     def plain():
         plain_loop(*models["plain"], crit, batches)
@@ -117,7 +149,18 @@ def make_variants(make_model: Callable[[], torch.nn.Module], batches: List, s) -
             writer.add_scalar("loss", loss.item(), counter[0])
             writer.add_scalar("step_time_ms", (time.perf_counter() - t0) * 1e3, counter[0])
 
-    return {"plain": plain, "plain again": plain_again, "trainkit": trainkit, "by hand": by_hand}
+    locks = (threading.Lock(), threading.Lock(), threading.Lock())
+    records: list = []
+    now: Callable = time.perf_counter
+    if device.type == "cuda":  # 5 marks a step; a round ends with a synchronize, so events recycle
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(5 * len(batches))]
+        now = map(torch.cuda.Event.record, itertools.cycle(events)).__next__
+
+    def floor():
+        floor_loop(*models["floor"], crit, batches, locks, now, records)
+
+    return {"plain": plain, "plain again": plain_again, "trainkit": trainkit, "by hand": by_hand,
+            "floor": floor}
 
 
 def bootstrap_ci(ratios: np.ndarray, *, n: int = 2000, seed: int = 0) -> "tuple[float, float]":
@@ -130,14 +173,22 @@ WORKLOADS = {"a": ("a: MLP 784-64-10, batch 32", mlp, 32, 1.03),
              "b": ("b: MNIST CNN, batch 64", simple_cnn, 64, 1.02)}
 
 
-def run_rounds(workload: str, steps: int, rounds: int, seed: int) -> Dict[str, List[float]]:
-    """One process's measurement: variant -> ms per step, one value per round."""
+def run_rounds(workload: str, steps: int, rounds: int, seed: int,
+               device: str = "cpu") -> Dict[str, List[float]]:
+    """One process's measurement: variant -> ms per step, one value per round.
+
+    On a GPU the batches are on the device before the loop, and a variant's time runs from a
+    synchronize to a synchronize: what the GPU did in the round, and the host's work if longer.
+    """
     _, make_model, batch_size, _ = WORKLOADS[workload]
-    batches = make_batches(batch_size, steps)
+    dev = torch.device(device)
+    batches = [(x.to(dev), y.to(dev)) for x, y in make_batches(batch_size, steps)]
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     with tk.session(logdir=tempfile.mkdtemp(prefix="overhead-tk-")) as s:
-        variants = make_variants(make_model, batches, s)
+        variants = make_variants(make_model, batches, s, dev)
         for fn in variants.values():  # warm-up: allocator, first-call costs, writer thread
             fn()
+        sync()
         names = list(variants)
         per_step: Dict[str, List[float]] = {n: [] for n in names}
         rng = random.Random(seed)
@@ -146,13 +197,15 @@ def run_rounds(workload: str, steps: int, rounds: int, seed: int) -> Dict[str, L
             # so a fixed rotation (plain after "by hand" three times in four) would bias ratios.
             order = rng.sample(names, len(names))
             for n in order:
+                sync()
                 t0 = time.perf_counter()
                 variants[n]()
+                sync()
                 per_step[n].append((time.perf_counter() - t0) / steps * 1e3)
     return per_step
 
 
-def measure(workload: str, steps: int, rounds: int, processes: int) -> float:
+def measure(workload: str, steps: int, rounds: int, processes: int, device: str = "cpu") -> float:
     """Run ``processes`` fresh processes of ``rounds`` rounds each; print and return the ratio.
 
     Fresh processes because a ratio drifts between processes (where code and objects land in
@@ -163,15 +216,16 @@ def measure(workload: str, steps: int, rounds: int, processes: int) -> float:
     runs = []
     for i in range(processes):
         out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", workload,
-                              "--steps", str(steps), "--rounds", str(rounds), "--seed", str(i)],
+                              "--steps", str(steps), "--rounds", str(rounds), "--seed", str(i),
+                              "--device", device],
                              check=True, capture_output=True, text=True).stdout
         runs.append(json.loads(out.strip().splitlines()[-1]))
     per_step = {n: [v for run in runs for v in run[n]] for n in runs[0]}
     plain = np.array(per_step["plain"])
-    print(f"\n({label}) median plain step {np.median(plain):.3f} ms, {processes} processes x "
+    print(f"\n({label}, {device}) median plain step {np.median(plain):.3f} ms, {processes} processes x "
           f"{rounds} rounds x {steps} steps")
     result = 0.0
-    for n in ("plain again", "trainkit", "by hand"):
+    for n in ("plain again", "trainkit", "by hand", "floor"):
         ratios = np.array(per_step[n]) / plain
         lo, hi = bootstrap_ci(ratios)
         med = float(np.median(ratios))
@@ -195,20 +249,26 @@ def main() -> None:
     ap.add_argument("--steps-mlp", type=int, default=200)
     ap.add_argument("--steps-cnn", type=int, default=20)
     ap.add_argument("--only", choices=sorted(WORKLOADS), help="measure one workload")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="where the model and the batches are (cuda: the GPU path, CUDA events)")
     ap.add_argument("--child", choices=sorted(WORKLOADS), help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.child:
-        print(json.dumps(run_rounds(args.child, args.steps, args.rounds, args.seed)))
+        print(json.dumps(run_rounds(args.child, args.steps, args.rounds, args.seed, args.device)))
         return
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA device here; run it on a GPU machine, or drop "
+                 "--device for the CPU")
+    where = torch.cuda.get_device_name() if args.device == "cuda" else f"cpu count {os.cpu_count()}"
     print(f"torch {torch.__version__}, trainkit {tk.__version__}, 1 thread, "
-          f"{time.strftime('%Y-%m-%d')}, cpu count {os.cpu_count()}")
+          f"{time.strftime('%Y-%m-%d')}, {where}")
     if args.only in (None, "a"):
-        measure("a", args.steps_mlp, args.rounds, args.processes)
+        measure("a", args.steps_mlp, args.rounds, args.processes, args.device)
     if args.only in (None, "b"):
-        measure("b", args.steps_cnn, args.rounds_cnn, args.processes_cnn)
+        measure("b", args.steps_cnn, args.rounds_cnn, args.processes_cnn, args.device)
 
 
 if __name__ == "__main__":
