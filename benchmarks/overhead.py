@@ -9,9 +9,10 @@ Four variants of the same loop, timed one after another in each round (in a rand
            SummaryWriter.add_scalar x2 with loss.item();
 * floor:   a reference, not a tool: the same shape of instrumentation at its cheapest in Python,
            with no Python frame besides the loop's own: 3 ``with`` blocks on C context managers,
-           5 clock reads, loss.item() and one tuple appended per step. It keeps the times trainkit
-           keeps (3 regions, the step, the loss), so its ratio is about the least that recording
-           them costs per step on this machine, whatever does the recording.
+           5 clock reads, loss.item() and one tuple appended per step (on a GPU: CUDA events, and
+           the loss kept unread, as trainkit does). It keeps the times trainkit keeps (3 regions,
+           the step, the loss), so its ratio is about the least that recording them costs per
+           step on this machine, whatever does the recording.
 
 Per round, each variant's time per step is divided by plain's; the printed ratio is the median of
 those per-round ratios (drift between rounds cancels) with a bootstrap 95% confidence interval,
@@ -79,11 +80,14 @@ def trainkit_loop(model: torch.nn.Module, opt, crit, loader, s) -> None:
         s.log("loss", loss)
 
 
-def floor_loop(model: torch.nn.Module, opt, crit, batches, locks, now: Callable, out: list) -> None:
+def floor_loop(model: torch.nn.Module, opt, crit, batches, locks, now: Callable, read: Callable,
+               out: list) -> None:
     """:func:`trainkit_loop`'s instrumentation at its cheapest: C calls only (see the docstring).
 
-    ``now`` marks a time: the host clock on the CPU; on a GPU, recording the next of a pool of
-    CUDA events, as trainkit does there (a host clock says when work was queued, not when it ran).
+    ``now`` marks a time and ``read`` keeps the loss. On the CPU: the host clock, and
+    ``Tensor.item``. On a GPU, as trainkit does there: recording the next of a pool of CUDA events
+    (a host clock says when work was queued, not when it ran), and ``Tensor.detach`` (reading the
+    value would wait for the GPU every step).
     """
     forward, loss_region, backward = locks  # threading.Lock: a context manager written in C
     for x, y in batches:
@@ -99,7 +103,7 @@ def floor_loop(model: torch.nn.Module, opt, crit, batches, locks, now: Callable,
         t3 = now()
         opt.step()
         opt.zero_grad()
-        out.append((t0, t1, t2, t3, now(), loss.item()))
+        out.append((t0, t1, t2, t3, now(), read(loss)))
     out.clear()
 
 
@@ -152,12 +156,14 @@ def make_variants(make_model: Callable[[], torch.nn.Module], batches: List, s,
     locks = (threading.Lock(), threading.Lock(), threading.Lock())
     records: list = []
     now: Callable = time.perf_counter
+    read: Callable = torch.Tensor.item
     if device.type == "cuda":  # 5 marks a step; a round ends with a synchronize, so events recycle
         events = [torch.cuda.Event(enable_timing=True) for _ in range(5 * len(batches))]
         now = map(torch.cuda.Event.record, itertools.cycle(events)).__next__
+        read = torch.Tensor.detach
 
     def floor():
-        floor_loop(*models["floor"], crit, batches, locks, now, records)
+        floor_loop(*models["floor"], crit, batches, locks, now, read, records)
 
     return {"plain": plain, "plain again": plain_again, "trainkit": trainkit, "by hand": by_hand,
             "floor": floor}
