@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -31,13 +32,34 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class _sigint_default_in_children:
+    """Children start with SIGINT at its default, as a program run from a terminal does.
+
+    A shell starts background jobs with SIGINT ignored (``cmd &`` in a script), children inherit
+    that, and Python then raises no KeyboardInterrupt: the SIGINT tests would test nothing. exec
+    resets a *handled* signal to its default but keeps an ignored one ignored, so while a child
+    starts this process handles SIGINT (as Python does by default) instead of ignoring it.
+    """
+
+    def __enter__(self) -> None:
+        self.prev = signal.getsignal(signal.SIGINT)
+        self.swap = self.prev == signal.SIG_IGN and threading.current_thread() is threading.main_thread()
+        if self.swap:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.swap:
+            signal.signal(signal.SIGINT, self.prev)
+
+
 class Child:
     """A child process whose stdout lines are collected by a thread (no blocking readline)."""
 
     def __init__(self, args: Sequence[str]) -> None:
-        self.proc = subprocess.Popen(
-            [str(a) for a in args], cwd=str(REPO), env=child_env(),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+        with _sigint_default_in_children():
+            self.proc = subprocess.Popen(
+                [str(a) for a in args], cwd=str(REPO), env=child_env(),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
         self.lines: List[str] = []
         self.stderr = ""
         self._cond = threading.Condition()
