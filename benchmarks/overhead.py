@@ -10,9 +10,9 @@ Four variants of the same loop, timed one after another in each round (in a rand
 * floor:   a reference, not a tool: the same shape of instrumentation at its cheapest in Python,
            with no Python frame besides the loop's own: 3 ``with`` blocks on C context managers,
            5 clock reads, loss.item() and one tuple appended per step (on a GPU: CUDA events, and
-           the loss kept unread, as trainkit does). It keeps the times trainkit keeps (3 regions,
-           the step, the loss), so its ratio is about the least that recording them costs per
-           step on this machine, whatever does the recording.
+           the loss kept unread, as trainkit does). It keeps most of what trainkit keeps (3 regions,
+           the step, the loss; not the data wait, items or step count), so its ratio is about the
+           least that recording them costs per step on this machine, whatever does the recording.
 
 Per round, each variant's time per step is divided by plain's; the printed ratio is the median of
 those per-round ratios (drift between rounds cancels) with a bootstrap 95% confidence interval,
