@@ -24,8 +24,8 @@ cd "$(dirname "$0")/.."
 cat "$out/env.txt"
 
 # A pip that builds in an isolated environment fetches setuptools first, which a machine with no
-# registry cannot: then build with the setuptools already there.
-if ! "$py" -m pip install --no-deps -e . > "$out/install.txt" 2>&1 &&
+# registry cannot (--retries 0 --timeout 5: fail fast): then build with the setuptools already there.
+if ! "$py" -m pip install --no-deps --retries 0 --timeout 5 -e . > "$out/install.txt" 2>&1 &&
    ! "$py" -m pip install --no-deps --no-build-isolation -e . >> "$out/install.txt" 2>&1; then
   tail -20 "$out/install.txt"
   echo "pip install --no-deps -e . failed: see install.txt"
