@@ -12,11 +12,12 @@ STEPS = 6
 
 
 @pytest.mark.timeout(120)
-def test_each_rank_writes_its_own_run(tmp_path):
-    logdir = tmp_path / "ddp"
+@pytest.mark.parametrize("wrap", ["ddp", pytest.param("fsdp2", marks=pytest.mark.slow)])
+def test_each_rank_writes_its_own_run(tmp_path, wrap):
+    logdir = tmp_path / wrap
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           str(SCRIPTS / "ddp_train.py"), str(logdir), str(STEPS)]
+           str(SCRIPTS / "ddp_train.py"), str(logdir), str(STEPS), wrap]
     env = child_env()
     env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.run(cmd, cwd=str(REPO), env=env, capture_output=True, text=True, timeout=110)

@@ -61,3 +61,21 @@ def test_items_mode_without_add_items_says_how():
     with pytest.raises(TypeError, match="'x'"):
         acc.add_items("x")
     tk.unpatch(opt)
+
+
+def test_fsdp2_model_on_a_torch_without_its_end_of_backward_step_is_refused_up_front():
+    """A module with FSDP2's set_requires_gradient_sync but no FSDP state to sync a partial
+    window with (as on a torch whose FSDP2 lacks it): refused at entry, nothing patched."""
+
+    class NoState(torch.nn.Linear):
+        def set_requires_gradient_sync(self, sync, *, recurse=True):
+            raise AssertionError("must not be reached")
+
+    m = NoState(2, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with pytest.raises(RuntimeError) as e:
+        with tk.accumulate(4, opt, model=m):
+            pass
+    msg = str(e.value)
+    assert "FSDP2" in msg and torch.__version__ in msg and "_root_post_backward_final_callback" in msg
+    assert optimizer_patch(opt) is None and not m._forward_pre_hooks

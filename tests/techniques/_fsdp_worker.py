@@ -1,0 +1,110 @@
+"""Body of each rank of the FSDP accumulation test (run by torch.multiprocessing.spawn)."""
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+import torch.distributed as dist
+
+import trainkit as tk
+
+from ._ddp_worker import rank_batches
+from ._oracle import model64
+
+N = 4  # micro-batches per window; 10 micro-batches a rank make the windows 4, 4, 2
+
+
+def fsdp2(mesh):
+    from torch.distributed.fsdp import fully_shard
+
+    model = model64()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def full_params(model):
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: DTensor shards
+        return [p.full_tensor().detach().clone() for p in model.parameters()]
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    with FSDP.summon_full_params(model):
+        return [p.detach().clone() for p in model.parameters()]
+
+
+def train(model, rank, sizes, *, normalize="mean", fail_at=None):
+    """One accumulate block over this rank's micro-batches; what each backward left behind."""
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    synced = []  # per micro-batch: did its backward leave (reduced) gradients on the shards
+    red = "sum" if normalize == "items" else "mean"
+    data = rank_batches(rank, sizes)
+    try:
+        with tk.accumulate(N, opt, model=model, normalize=normalize) as acc:
+            for i, (x, y) in enumerate(data):
+                torch.nn.functional.mse_loss(model(x), y, reduction=red).backward()
+                synced.append(any(p.grad is not None for p in model.parameters()))
+                if normalize == "items":
+                    acc.add_items(len(x))
+                opt.step()
+                opt.zero_grad()
+                if i == fail_at:
+                    raise RuntimeError("planted")
+    except RuntimeError as e:
+        assert str(e) == "planted", e
+    return opt, acc, synced
+
+
+def run(rank: int, world: int, port: int, outdir: str, sizes_by_rank) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"  # the child's own environment, for init_process_group
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        from trainkit.patch import optimizer_patch
+
+        torch.set_num_threads(1)
+        mesh = init_device_mesh("cpu", (world,))
+        hsdp_mesh = init_device_mesh("cpu", (1, world), mesh_dim_names=("replicate", "shard"))
+        out = {}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            equal = [4] * len(sizes_by_rank[rank])
+            for name, make in (("fsdp2", lambda: fsdp2(mesh)), ("hsdp", lambda: fsdp2(hsdp_mesh)),
+                               ("fsdp1", lambda: FSDP(model64(), device_id=torch.device("cpu"),
+                                                      use_orig_params=True))):
+                model = make()
+                _, acc, synced = train(model, rank, equal)
+                out[name] = {"params": full_params(model), "steps": acc.steps, "synced": synced}
+
+            model = fsdp2(mesh)
+            _, acc, _ = train(model, rank, sizes_by_rank[rank], normalize="items")
+            out["items"] = {"params": full_params(model), "steps": acc.steps}
+
+            # The block raises in the second window (micro-batch 6 of it): its two held-back
+            # micro-batches are dropped; one plain synced step on micro-batch 7 follows.
+            model = fsdp2(mesh)
+            opt, acc, _ = train(model, rank, equal, fail_at=5)
+            x, y = rank_batches(rank, equal)[6]
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            out["raised"] = {"params": full_params(model), "steps": acc.steps}
+
+            # items need the data-parallel ranks: a 2-D mesh is refused before any change
+            model = fsdp2(hsdp_mesh)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            try:
+                with tk.accumulate(N, opt, model=model, normalize="items"):
+                    pass
+                out["refused"] = None
+            except ValueError as e:
+                out["refused"] = (str(e), optimizer_patch(opt) is None)
+        out["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught
+                           if "accumulate" in str(w.message)]
+        torch.save(out, os.path.join(outdir, f"rank{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
