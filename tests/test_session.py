@@ -221,3 +221,23 @@ def test_bad_technique_overrides_leave_no_session_open(tmp_path, monkeypatch):
         tk.session(logdir=tmp_path / "run")
     assert tk.active() is None
     assert not (tmp_path / "run").exists()  # refused before anything was created
+
+
+def test_log_refuses_trainkits_own_tags_and_keeps_them_intact(tmp_path):
+    model = mlp()
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        for name, fix in (("trainkit/step_time_ms", "'my/step_time_ms'"), ("\0t", "'t'")):
+            with pytest.raises(ValueError) as e:
+                s.log(name, torch.tensor(1e9))
+            assert repr(name) in str(e.value) and fix in str(e.value)
+        for x, y in tk.patch(loader(n=16, batch_size=8)):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            s.log("trainkit_loss", torch.tensor(2.0))  # a name merely starting alike is the user's
+    tk.unpatch(opt)
+    got = scalars(tmp_path)
+    assert [st for st, _ in got["trainkit/step_time_ms"]] == [1, 2]
+    assert all(v < 1e6 for _, v in got["trainkit/step_time_ms"])  # nothing of the refused 1e9
+    assert got["trainkit_loss"] == [(1, 2.0), (2, 2.0)]

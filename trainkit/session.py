@@ -19,7 +19,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from . import _env, timing
-from .recorder import STEP_END, STEP_TIME, Recorder
+from .recorder import PREFIX, STEP_END, STEP_TIME, Recorder
 
 _active: Optional["Session"] = None
 
@@ -107,6 +107,7 @@ class Session:
         # The step of the batch a patched loader handed out last: a loss logged after
         # optimizer.step() belongs to the step that batch fed, not to the next one.
         self._batch_step: Optional[int] = None
+        self._names: set = set()  # names s.log has checked (a valid name is checked once)
         self._primary: Any = None  # the first patched optimizer to step: it counts the steps
         self._last_step_end: Any = None  # perf_counter float, or a CUDA event on a GPU
         self._closed = False
@@ -143,8 +144,8 @@ class Session:
 
             s.log("loss", loss)
         """
-        if step is None and value.__class__ is _Tensor and name.__class__ is str and name \
-                and (not _cuda._initialized or not value.is_cuda):
+        if step is None and value.__class__ is _Tensor and name.__class__ is str \
+                and name in self._names and (not _cuda._initialized or not value.is_cuda):
             # The common call, s.log("loss", loss) on the CPU: reading the value is a memory read,
             # not a device sync, and reading it now (rather than keeping the tensor) frees the
             # autograd graph the loss still holds.
@@ -156,8 +157,10 @@ class Session:
                 n = self._batch_step
                 self._buf.append((name, self.step if n is None else n, v))
                 return
-        if type(name) is not str or not name:
-            raise TypeError(f"log(name={name!r}): name must be a non-empty str, e.g. s.log('loss', loss)")
+        if name.__class__ is not str or name not in self._names:
+            _check_log_name(name)
+            if len(self._names) < 10_000:  # names made up per call are checked every time
+                self._names.add(name)
         if step is None:
             step = self.step if self._batch_step is None else self._batch_step
         elif isinstance(step, bool) or not isinstance(step, int) or step < 0:
@@ -253,6 +256,16 @@ def _tensor_type() -> Any:
 
         _Tensor, _cuda = torch.Tensor, torch.cuda
     return _Tensor
+
+
+def _check_log_name(name: Any) -> None:
+    if type(name) is not str or not name:
+        raise TypeError(f"log(name={name!r}): name must be a non-empty str, e.g. s.log('loss', loss)")
+    if name.startswith(PREFIX) or name.startswith("\0"):
+        other = "my/" + name[len(PREFIX):] if name.startswith(PREFIX) else name.lstrip("\0")
+        raise ValueError(f"log(name={name!r}): names under {PREFIX!r} (and names starting with a "
+                         f"NUL) are trainkit's own tags, which a value logged under them would "
+                         f"corrupt; log yours under another name, e.g. s.log({other or 'x'!r}, value)")
 
 
 def _scalar(name: str, value: Any) -> Any:
