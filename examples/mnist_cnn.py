@@ -3,7 +3,8 @@
 The loop is the usual one; trainkit adds a session, patches the optimizer and the loader, times
 three regions and moves batches with ``tk.to_device`` (asynchronous exactly when the batch is
 pinned). The knobs the article tunes by hand (workers, pinned memory, batch size) are
-``tk.technique`` switches, so ``trainkit ablate`` can flip them without editing this file.
+``tk.technique`` switches, so they can be flipped without editing this file, e.g.
+``TRAINKIT_TECHNIQUES='{"num_workers": 2, "batch_size": 128}'`` (JSON) in the environment.
 
     python examples/mnist_cnn.py --epochs 1 --logdir runs/mnist
     tensorboard --logdir runs

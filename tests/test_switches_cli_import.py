@@ -79,6 +79,15 @@ def test_cli_help_and_usage_errors():
     assert bad.returncode == 2 and "epochs=0" in bad.stderr
 
 
+def test_cli_demo_logdir_that_is_a_file_exits_2_before_training(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    bad = _cli("demo", "--logdir", str(afile), "--no-progress", cwd=tmp_path)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert bad.stderr.startswith("trainkit demo: ") and "is a file, not a folder" in bad.stderr
+    assert afile.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
 def test_cli_demo_writes_a_tensorboard_run(tmp_path):
     logdir = tmp_path / "demo"
     out = _cli("demo", "--logdir", str(logdir), "--epochs", "1", "--train-size", "320",

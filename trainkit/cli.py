@@ -36,6 +36,10 @@ def _demo_run(args: argparse.Namespace) -> int:
         config = demo.DemoConfig(logdir=args.logdir, epochs=args.epochs, train_size=args.train_size,
                                  batch_size=args.batch_size, max_seconds=args.max_seconds,
                                  progress=not args.no_progress)
+        if args.logdir is not None:  # a bad folder is refused here, not after a traceback
+            from .session import _check_logdir
+
+            _check_logdir(args.logdir)
     except ValueError as exc:
         print(f"trainkit demo: {exc}", file=sys.stderr)
         return 2

@@ -29,6 +29,13 @@ def _codes(source: str, **kwargs: object) -> list:
     return [(f.code, f.line) for f in lint_source(source, **kwargs)]  # type: ignore[arg-type]
 
 
+def test_flush_fixes_fit_the_call() -> None:
+    src = FLUSHING_LOOP.replace("gc.collect()", "gc.collect(); torch.cuda.empty_cache()")
+    fixes = {f.message.split("`")[1]: f.fix for f in lint_source(src) if f.code == "TK301"}
+    assert "caching allocator" in fixes["torch.cuda.empty_cache()"]
+    assert "Python's collector" in fixes["gc.collect()"] and "allocator" not in fixes["gc.collect()"]
+
+
 def test_select_and_ignore_take_codes_and_family_prefixes() -> None:
     assert _codes(FLUSHING_LOOP) == [("TK301", 7), ("TK302", 8)]
     assert _codes(FLUSHING_LOOP, select=["TK301"]) == [("TK301", 7)]

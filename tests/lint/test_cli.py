@@ -97,6 +97,16 @@ def test_syntax_error_exits_2_with_line_on_stderr(tmp_path: Path) -> None:
     assert re.search(rf"^{re.escape(str(tmp_path / 'broken.py'))}:3: syntax error: ", result.stderr, re.MULTILINE)
     # The readable file is still linted.
     assert result.stdout.startswith(f"{tmp_path / 'ok.py'}:4: TK301 ")
+    assert result.stderr.strip().endswith("(1 file checked, 1 could not be parsed)")
+    assert "not a .py file" not in result.stderr
+
+
+def test_a_named_file_that_is_not_python_says_so(tmp_path: Path) -> None:
+    (tmp_path / "notes.md").write_text("# Notes\n\nIt's a 'quote\n")
+    result = lint(str(tmp_path / "notes.md"))
+    assert result.returncode == 2
+    assert "syntax error" in result.stderr and "(not a .py file: is it Python?)" in result.stderr
+    assert "(0 files checked, 1 could not be parsed)" in result.stderr
 
 
 def test_missing_path_exits_2(tmp_path: Path) -> None:

@@ -120,6 +120,31 @@ def test_recompiles_are_found(logdir):
     assert f.count == 2 and f.share is None
 
 
+@pytest.mark.parametrize("extra, says, not_says", [
+    ({}, "compile=True", "already compiled"),
+    ({"compile/seconds": 2.0}, "already compiled", "compile=True"),
+    ({"closure_ms": 3.0}, "LBFGS", "fused=True"),
+])
+def test_optimizer_fix_fits_what_the_run_already_does(logdir, extra, says, not_says):
+    w = EventFileWriter(logdir)
+    for step in range(1, 7):
+        values = {PREFIX + "step_time_ms": 10.0, PREFIX + "update_ms": 6.0}
+        if step == 1 or "closure_ms" in extra:  # a compile is recorded at its step only
+            values.update({PREFIX + tag: v for tag, v in extra.items()})
+        w.write_scalars(step=step, values=values)
+    w.close()
+    f = by_code(tk.analyze(logdir), "TA104")
+    assert says in f.fix and not_says not in f.fix
+
+
+def test_analyze_on_a_file_says_it_is_a_file(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("x")
+    with pytest.raises(ValueError, match="a file, not a folder") as e:
+        tk.analyze(path)
+    assert "trainkit analyze runs/exp1" in str(e.value)
+
+
 def test_gpu_syncs_and_pageable_copies_from_a_trace(tmp_path):
     found = tk.analyze(fixture_run(tmp_path, "gpu_syncs.pt.trace.json"))
     assert codes(found) == ["TA103", "TA102"]  # known share first

@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files or folders (folders: every *.py, recursively)")
     parser.add_argument(
-        "--format", choices=_FORMATS, default="text", help="text (PATH:LINE: CODE message) or json (a list of objects)"
+        "--format", choices=_FORMATS, default="text", help="text (PATH:LINE: CODE [severity] message; fix: ...) or json (a list of objects)"
     )
     for option, example, verb in (("--select", "TK1,TK301", "run"), ("--ignore", "TK5", "skip")):
         parser.add_argument(
@@ -51,13 +51,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help=f"comma-separated codes or prefixes to {verb}, e.g. {example}",
         )
 
-def _print_text(findings: List[Finding], checked: int) -> None:
+def _print_text(findings: List[Finding], checked: int, failed: int = 0) -> None:
     for finding in findings:
         print(finding.format())
     files = len({f.path for f in findings})
+    unparsed = f", {failed} could not be parsed" if failed else ""
     print(
         f"{len(findings)} finding{'s' * (len(findings) != 1)} in {files} file{'s' * (files != 1)} "
-        f"({checked} file{'s' * (checked != 1)} checked)",
+        f"({checked} file{'s' * (checked != 1)} checked{unparsed})",
         file=sys.stderr,
     )
 
@@ -94,13 +95,14 @@ def run(args: argparse.Namespace) -> int:
             checked += 1
         except LintError as exc:
             failed += 1
-            print(f"{exc.path}:{exc.line}: {exc.reason}", file=sys.stderr)
+            hint = "" if path.endswith(".py") else " (not a .py file: is it Python?)"
+            print(f"{exc.path}:{exc.line}: {exc.reason}{hint}", file=sys.stderr)
     findings.sort(key=lambda f: (f.path, f.line, f.col, f.code))
     if fmt == "json":
         json.dump([f.to_dict() for f in findings], sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        _print_text(findings, checked)
+        _print_text(findings, checked, failed)
     if failed:
         return 2
     return 1 if findings else 0

@@ -86,8 +86,9 @@ def _check_logdir(logdir: Any) -> str:
                         f"e.g. tk.analyze('runs/exp1')")
     path = os.fspath(logdir)
     if not os.path.isdir(path):
-        raise ValueError(f"analyze({path!r}): no such folder; pass the logdir a session wrote, "
-                         f"e.g. tk.analyze('runs/exp1')")
+        what = "a file, not a folder" if os.path.exists(path) else "no such folder"
+        raise ValueError(f"analyze({path!r}): {what}; pass the logdir a session wrote, "
+                         f"e.g. tk.analyze('runs/exp1') or trainkit analyze runs/exp1")
     return path
 
 
