@@ -17,6 +17,7 @@ warning naming the guard that failed.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import time
 import warnings
@@ -172,6 +173,21 @@ def _latest_entry_reason(reasons: List[str]) -> str:
     return max(reasons, key=entry).strip() if reasons else "unknown guard"
 
 
+class _QuietOptimizerRecordFunction(logging.Filter):
+    """Drops dynamo's "Profiler record function ... will be ignored" about ``Optimizer.step``.
+
+    torch wraps every optimizer step in a ``record_function``; dynamo drops it from the graph and
+    warns once per process, a ``W...`` line that reads like an error. trainkit names the step in
+    traces itself (``trainkit/optimizer_step``, outside the graph), so nothing is lost.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Profiler record function")
+
+
+_QUIET = _QuietOptimizerRecordFunction()
+
+
 class _Compiled:
     """A compiled callable plus the hyper-parameter swap, compile timing and recompile watch."""
 
@@ -179,6 +195,7 @@ class _Compiled:
                  mode: Optional[str], fullgraph: bool, name: str) -> None:
         import torch
 
+        logging.getLogger("torch._dynamo.variables.ctx_manager").addFilter(_QUIET)  # once: a set
         self.compiled = torch.compile(fn, mode=mode, fullgraph=fullgraph)
         self.optimizers = optimizers
         self.name = name
