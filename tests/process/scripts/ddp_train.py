@@ -35,4 +35,5 @@ with tk.session(logdir=logdir, system_metrics=False) as s:
         opt.zero_grad()
         s.log("loss", loss)
     print(f"rank {rank} wrote {s.logdir}", flush=True)
+dist.barrier()  # no rank tears gloo down while the other still talks to it
 dist.destroy_process_group()
