@@ -241,3 +241,50 @@ def test_log_refuses_trainkits_own_tags_and_keeps_them_intact(tmp_path):
     assert [st for st, _ in got["trainkit/step_time_ms"]] == [1, 2]
     assert all(v < 1e6 for _, v in got["trainkit/step_time_ms"])  # nothing of the refused 1e9
     assert got["trainkit_loss"] == [(1, 2.0), (2, 2.0)]
+
+
+def test_values_past_float32_are_written_as_inf_and_complex_is_refused(tmp_path):
+    import math
+
+    model = mlp()
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        with pytest.raises(TypeError, match="complex"):
+            s.log("z", torch.tensor(1 + 1j))
+        for i, (x, y) in enumerate(tk.patch(loader(n=40, batch_size=8))):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            s.log("loss", loss)
+            if i == 1:  # a perplexity exp(loss) past float32, as a float64 tensor and a float
+                s.log("ppl", torch.tensor(1e39, dtype=torch.float64))
+                s.log("neg", -math.exp(90.0))
+    tk.unpatch(opt)
+    got = scalars(tmp_path)
+    assert [st for st, _ in got["loss"]] == [1, 2, 3, 4, 5]  # nothing after the big value is lost
+    assert got["ppl"] == [(2, math.inf)] and got["neg"] == [(2, -math.inf)]
+    assert "z" not in got
+
+
+def test_a_value_that_cannot_be_resolved_is_left_out_alone(tmp_path):
+    """Whatever one recorded value does, the writer writes everything else (and says so)."""
+
+    class Broken:
+        def ready(self):
+            return True
+
+        def value(self, wait=False):
+            raise RuntimeError("device lost")
+
+        def release(self):
+            pass
+
+    with pytest.warns(RuntimeWarning, match="'odd' could not be written.*device lost"):
+        with tk.session(logdir=tmp_path, system_metrics=False) as s:
+            s.record("odd", Broken())
+            s.log("kept", 3.0)
+            s.step_done(time.perf_counter())
+            s.log("later", 4.0)
+    got = scalars(tmp_path)
+    assert got["kept"] == [(1, 3.0)] and got["later"] == [(2, 4.0)] and "odd" not in got

@@ -220,11 +220,29 @@ def _combine_step(tags: Dict[str, List[Any]], final: bool) -> Optional[Dict[str,
             for v in values:
                 if not isinstance(v, _NUMBER) and not v.ready():
                     return None
-        resolved = []
-        for v in values:
-            if not isinstance(v, _NUMBER):
-                pending, v = v, v.value(wait=final)
-                pending.release()
-            resolved.append(v)
-        out[tag] = _combine(tag, resolved)
+        try:
+            resolved = []
+            for v in values:
+                if not isinstance(v, _NUMBER):
+                    pending, v = v, v.value(wait=final)
+                    pending.release()
+                resolved.append(v)
+            out[tag] = _combine(tag, resolved)
+        except Exception as exc:  # one value that cannot be written must not stop the writer
+            _dropped(tag, exc)
     return out
+
+
+_warned_tags: set = set()
+
+
+def _dropped(tag: str, exc: BaseException) -> None:
+    """Warn (once per tag) that a step's value of ``tag`` was left out of the event file."""
+    if tag in _warned_tags:
+        return
+    _warned_tags.add(tag)
+    import warnings
+
+    warnings.warn(f"trainkit: a value logged as {tag!r} could not be written "
+                  f"({type(exc).__name__}: {exc}); it is left out, everything else is written",
+                  RuntimeWarning, stacklevel=2)

@@ -154,9 +154,10 @@ class Session:
             except RuntimeError:  # not one element: the general path below says what to do
                 pass
             else:
-                n = self._batch_step
-                self._buf.append((name, self.step if n is None else n, v))
-                return
+                if v.__class__ is not complex:  # a complex one: the general path refuses it
+                    n = self._batch_step
+                    self._buf.append((name, self.step if n is None else n, v))
+                    return
         if name.__class__ is not str or name not in self._names:
             _check_log_name(name)
             if len(self._names) < 10_000:  # names made up per call are checked every time
@@ -275,6 +276,9 @@ def _scalar(name: str, value: Any) -> Any:
         if value.numel() != 1:
             raise ValueError(f"log({name!r}, tensor of shape {tuple(value.shape)}): only scalars can "
                              f"be logged; reduce it first, e.g. s.log({name!r}, t.mean())")
+        if value.is_complex():
+            raise TypeError(f"log({name!r}, {value!r}): a complex tensor is no scalar TensorBoard "
+                            f"can draw; log its real part or magnitude, e.g. s.log({name!r}, t.abs())")
         if value.is_cuda:
             return timing.PendingTensor(value.detach(), timing.cuda_event())
         # On the CPU this is a read, not a device sync; reading now (rather than keeping the

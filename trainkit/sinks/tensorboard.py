@@ -9,6 +9,7 @@ the training thread on small steps.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import socket
 import struct
@@ -72,9 +73,17 @@ def _prefix(tag: str) -> bytes:
     return prefix
 
 
+def _float32(v: float) -> bytes:
+    """``v`` as a float32, beyond whose range it is +-inf (as numpy and protobuf round it)."""
+    try:
+        return _pack_float(v)
+    except OverflowError:  # e.g. a perplexity exp(loss) past 3.4e38, or a float64 norm
+        return _pack_float(math.copysign(math.inf, v))
+
+
 def encode_scalars(step: int, values: Mapping[str, float], wall_time: float) -> bytes:
     """The serialized ``Event`` holding ``values`` as ``simple_value`` scalars at ``step``."""
-    summary = b"".join([_prefix(tag) + _pack_float(v) for tag, v in values.items()])
+    summary = b"".join([_prefix(tag) + _float32(v) for tag, v in values.items()])
     # proto3 leaves a zero step out; so do we, to stay byte-identical to the protobuf library.
     return (b"\x09" + _pack_double(wall_time) + (b"\x10" + _varint(step) if step else b"")
             + b"\x2a" + _varint(len(summary)) + summary)
