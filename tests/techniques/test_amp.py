@@ -189,3 +189,32 @@ def test_cuda_fp16_scaler_step():
                 loss = loss * float("inf")
             amp.backward(loss); amp.step(opt); opt.zero_grad()
     assert amp.skipped == 1 and scaler.get_scale() == 128.0
+
+
+def test_skipped_steps_add_up_across_blocks_and_are_filed_under_their_step(tmp_path):
+    """The usual loop enters autocast_scaled once per iteration: the count is the scaler's."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    m = _model32()
+    opt = tk.patch(torch.optim.SGD(m.parameters(), lr=0.1))
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+    x, y = (t.float() for t in batches([4])[0])
+    stepped = []
+    with tk.session(logdir=str(tmp_path), system_metrics=False):
+        for i in range(6):
+            with tk.autocast_scaled(scaler, dtype="fp16") as amp:
+                loss = torch.nn.functional.mse_loss(m(x), y)
+            if i in (1, 3):
+                loss = loss * float("inf")
+            amp.backward(loss)
+            stepped.append(amp.step(opt))
+            opt.zero_grad()
+    assert stepped == [True, False, True, False, True, True] and amp.skipped == 2
+    ea = EventAccumulator(str(tmp_path))
+    ea.Reload()
+    # a skipped step is no step: iterations 1 and 2 are step 2, iterations 3 and 4 are step 3
+    assert [(p.step, p.value) for p in ea.Scalars("trainkit/amp/skipped_steps")] == [
+        (1, 0.0), (2, 1.0), (3, 2.0), (4, 2.0)]
+    assert [(p.step, p.value) for p in ea.Scalars("trainkit/amp/scale")] == [
+        (1, 256.0), (2, 128.0), (3, 64.0), (4, 64.0)]
+    tk.unpatch(opt)

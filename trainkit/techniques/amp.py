@@ -20,6 +20,7 @@ gradients. Outside ``accumulate`` the user's own scaler calls work unchanged, in
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Iterator, Literal, Optional
 
 from ..patch import optimizer_patch
@@ -30,6 +31,8 @@ from ..recorder import AMP_SCALE, AMP_SKIPPED
 
 
 Dtype = Literal["auto", "bf16", "fp16", "fp32"]
+#: GradScaler -> steps it skipped so far (inf/nan gradients), across autocast_scaled blocks.
+_skipped: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
 _DTYPES = ("auto", "bf16", "fp16", "fp32")
 
 
@@ -40,14 +43,18 @@ class Amp:
         scaler: the GradScaler (None for bf16/fp32, or when the technique is off).
         dtype: the autocast dtype, or None when autocast is disabled.
         device_type: ``"cuda"`` or ``"cpu"``.
-        skipped: optimizer steps skipped so far because of inf/nan gradients.
+        skipped: optimizer steps skipped so far because of inf/nan gradients, counted per
+            scaler: the count goes on across ``with`` blocks (one per iteration, as usual).
     """
 
     def __init__(self, scaler: Any, dtype: Any, device_type: str) -> None:
         self.scaler = scaler
         self.dtype = dtype
         self.device_type = device_type
-        self.skipped = 0
+
+    @property
+    def skipped(self) -> int:
+        return _skipped.get(self.scaler, 0) if self.scaler is not None else 0
 
     def _scaling(self) -> bool:
         return self.scaler is not None and self.scaler.is_enabled()
@@ -91,6 +98,8 @@ class Amp:
         if prepare is not None:
             prepare()  # divide the window's sum first, so the clip sees the window's gradient
         scaling = self._scaling()
+        s = _active_session()
+        step = None if s is None else s.step  # the records below belong to the step in progress
         if scaling:
             self.scaler.unscale_(optimizer)
         if clip is not None:
@@ -104,17 +113,17 @@ class Amp:
         stepped = _step_watched(self.scaler, optimizer)
         self.scaler.update()
         if not stepped:
-            self.skipped += 1
+            _skipped[self.scaler] = self.skipped + 1
             # The LR scheduler's "lr_scheduler.step() before optimizer.step()" warning is about a
             # forgotten step; a skipped AMP step is not one.
             optimizer._opt_called = True
             if gate is not None and hasattr(gate, "end_window"):
                 gate.end_window(stepped=False)  # the gate never saw this step
-        s = _active_session()
         if s is not None:
-            s.record(AMP_SKIPPED, float(self.skipped))
             scale = self.scaler._scale
-            s.record(AMP_SCALE, _pending_scale(scale) if scale.is_cuda else float(scale.item()))
+            s._buf.append((AMP_SKIPPED, step, float(self.skipped)))
+            s._buf.append((AMP_SCALE, step,
+                           _pending_scale(scale) if scale.is_cuda else float(scale.item())))
         return stepped
 
     def __repr__(self) -> str:
