@@ -151,6 +151,36 @@ def test_lr_schedulers_behave_as_unpatched(tmp_path, when):
     opt.step()  # still works after unpatching, even when a scheduler wrapped our step
 
 
+def test_patch_again_after_a_scheduler_wrapped_the_first_patch(tmp_path):
+    """patch -> a scheduler wraps the patched step -> unpatch -> patch: the scheduler's wrapper
+    (still holding the first patch's step) becomes the new patch's core without calling it."""
+    def run(repatch):
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        if repatch:
+            tk.patch(opt)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        if repatch:
+            tk.unpatch(opt)
+            tk.patch(opt)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # e.g. "lr_scheduler.step() before optimizer.step()"
+            for x, y in loader(n=32):
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                sched.step()
+        return _params(model), opt
+
+    with tk.session(logdir=tmp_path):
+        params, opt = run(True)
+    ref, _ = run(False)
+    assert all(torch.equal(a, b) for a, b in zip(params, ref))
+    assert [st for st, _ in scalars(tmp_path)["trainkit/update_ms"]] == [1, 2, 3, 4]
+    tk.unpatch(opt)
+    opt.step()
+
+
 def test_second_optimizer_adds_update_time_but_not_steps(tmp_path):
     g, d = mlp(0), mlp(1)
     opt_g = tk.patch(torch.optim.SGD(g.parameters(), lr=0.1))

@@ -128,13 +128,6 @@ def _timed_closure(closure: Callable[[], Any], acc: list) -> Callable[[], Any]:
     return timed
 
 
-def _patched_step(self: Any, *args: Any, **kwargs: Any) -> Any:
-    p = self.__dict__.get(_ATTR)
-    if p is None:  # unpatched while an LR scheduler created meanwhile still wraps this function
-        return type(self).step(self, *args, **kwargs)
-    return p.step(*args, **kwargs)
-
-
 def _patched_zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
     p = self.__dict__.get(_ATTR)
     if p is None:
@@ -172,7 +165,12 @@ def _step_function(p: OptimizerPatch) -> Any:
                 if s._profiler is not None:
                     s._profiler.step()
                 return out
-        return _patched_step(self, *args, **kwargs)
+        if self.__dict__.get(_ATTR) is not p:
+            # A stale step: its patch was undone, but a wrapper made meanwhile (an LR scheduler's)
+            # still calls it, maybe as the core of a newer patch: the class's own step, or the
+            # newer patch would call itself through that wrapper without end.
+            return type(self).step(self, *args, **kwargs)
+        return p.step(*args, **kwargs)
 
     step.__wrapped_step__ = True  # type: ignore[attr-defined]
     if getattr(p.orig_step, "_wrapped_by_lr_sched", False):
