@@ -63,6 +63,24 @@ def test_items_mode_without_add_items_says_how():
     tk.unpatch(opt)
 
 
+@pytest.mark.parametrize("bad, err", [("3", TypeError), (True, TypeError), (-5, ValueError),
+                                      (float("nan"), ValueError), (float("inf"), ValueError),
+                                      (torch.ones(2), TypeError)])
+def test_add_items_refuses_what_is_no_count_and_keeps_the_window(bad, err):
+    m, opt = _setup()
+    with tk.accumulate(2, opt, normalize="items") as acc:
+        acc.add_items(4)
+        acc.add_items(torch.tensor(3))  # a 0-d tensor (a mask's sum) is a count
+        with pytest.raises(err) as e:
+            acc.add_items(bad)
+        assert "add_items(" in str(e.value) and "acc.add_items(len(y))" in str(e.value)
+        assert acc.items == 7.0
+        m(torch.ones(1, 2)).sum().backward()
+        opt.step()
+        opt.step()
+    tk.unpatch(opt)
+
+
 def test_fsdp2_model_on_a_torch_without_its_end_of_backward_step_is_refused_up_front():
     """A module with FSDP2's set_requires_gradient_sync but no FSDP state to sync a partial
     window with (as on a torch whose FSDP2 lacks it): refused at entry, nothing patched."""

@@ -34,6 +34,7 @@ skipped syncs is not had.
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import warnings
 from typing import Any, Callable, Iterator, List, Literal, Optional
@@ -142,13 +143,17 @@ class Accumulator:
 
             loss = F.cross_entropy(logits, y, reduction="sum"); acc.add_items(y.numel())
         """
-        if isinstance(k, bool):
+        if isinstance(k, (bool, str, bytes)):
             raise TypeError(f"add_items({k!r}): k must be a number of items, e.g. acc.add_items(len(y))")
         try:
-            self.items += float(k)
-        except (TypeError, ValueError):
+            v = float(k)  # a 0-d tensor too (y.numel() is an int; a mask's .sum() a tensor)
+        except (TypeError, ValueError, RuntimeError):
             raise TypeError(f"add_items({k!r}): k must be a number of items, "
                             f"e.g. acc.add_items(len(y))") from None
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"add_items({k!r}): k must be a finite number >= 0 of items in this "
+                             f"micro-batch, e.g. acc.add_items(len(y))")
+        self.items += v
 
     # -- the gate protocol (trainkit.patch) ------------------------------------------------------
     def should_step(self) -> bool:
