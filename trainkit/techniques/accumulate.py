@@ -14,22 +14,8 @@ trainkit: ``amp.backward(loss)`` looks at the loss's last autograd node, and a l
 guessing beyond that: a plain ``loss.backward()`` is left to ``trainkit lint`` (TK104), which
 finds the division in the source.
 
-DDP: with ``model=`` a forward pre-hook sets ``require_backward_grad_sync`` (what ``no_sync()``
-does) before each forward, so only the boundary micro-batch all-reduces. The last, partial
-window cannot be known in advance, so its gradients are all-reduced by hand on exit.
-
-FSDP2 (``fully_shard``): the same hook calls ``set_requires_gradient_sync(bool)``; FSDP then
-keeps the window's unsharded gradients on each rank and reduce-scatters their sum at the
-boundary's backward. A partial last window has no such backward, so on exit FSDP's own
-end-of-backward step is run once with sync on (``_root_post_backward_final_callback``, the one
-private entry point used; checked at block entry): it reduce-scatters what was held back, exactly
-as a synced backward would (reduce dtype, divide factor, HSDP all-reduce included). When the
-block ends with an exception, the held-back gradients are dropped on this rank alone (no
-collective: the other ranks may never get there).
-
-FSDP1 (``FullyShardedDataParallel``, deprecated by torch for FSDP2) is left to sync at every
-micro-batch: its gradients are exact and the partial window needs nothing, only the saving of
-skipped syncs is not had.
+With ``model=`` (DDP, FSDP2), gradient sync runs only at a window's last micro-batch; how,
+and how a partial last window is synced on exit, is :mod:`trainkit.techniques.data_parallel`.
 """
 from __future__ import annotations
 
@@ -40,6 +26,7 @@ import warnings
 from typing import Any, Callable, Iterator, List, Literal, Optional
 
 from ..patch import optimizer_patch, patch as _patch_opt, wrap_zero_grad
+from . import data_parallel as dp
 
 Normalize = Literal["mean", "items"]
 _NORMALIZE = ("mean", "items")
@@ -65,23 +52,7 @@ def _check(n: Any, optimizer: Any, model: Any, normalize: Any) -> None:
         raise ValueError(f"accumulate({n}, optimizer, normalize={normalize!r}): normalize must be "
                          f"one of {', '.join(map(repr, _NORMALIZE))}; use 'items' with "
                          f"acc.add_items(k) to divide by tokens, e.g. normalize='items'")
-    if _is_fsdp2(model):
-        get_state = getattr(model, "_get_fsdp_state", None)
-        state = get_state() if callable(get_state) else None
-        if not callable(getattr(state, "_root_post_backward_final_callback", None)):
-            import torch
-
-            raise RuntimeError(f"accumulate({n}, optimizer, model=<FSDP2 model>): this torch "
-                               f"({torch.__version__}) has no FSDP end-of-backward step to sync a "
-                               f"partial last window with; use a torch whose FSDP2 has "
-                               f"_root_post_backward_final_callback (2.14 does), or pass no "
-                               f"model= (FSDP then syncs at every micro-batch)")
-        if normalize == "items" and _fsdp2_mesh(model).ndim != 1:
-            raise ValueError(f"accumulate({n}, optimizer, model=<FSDP2 model on a "
-                             f"{_fsdp2_mesh(model).ndim}-D mesh>, normalize='items'): the items "
-                             f"are summed over the data-parallel ranks, known here for a 1-D "
-                             f"mesh only (not HSDP or FSDP + tensor parallel); use "
-                             f"normalize='mean' with equal micro-batches, or a 1-D mesh")
+    dp.check_model(n, model, normalize)
     gate = getattr(optimizer_patch(optimizer), "gate", None)
     if isinstance(gate, Accumulator):
         raise ValueError(f"accumulate({n}, optimizer): this optimizer is already inside "
@@ -182,18 +153,18 @@ class Accumulator:
             return
         self._prepared = True
         grads = _grads(self.optimizer)
-        world = _manual_allreduce(grads, self.model) if self._force and self._unsynced else None
+        world = dp.manual_allreduce(grads, self.model) if self._force and self._unsynced else None
         if self.normalize == "items":
             if self.items <= 0:
                 raise ValueError(f"accumulate(normalize='items'): no items were counted in this "
                                  f"window (acc.items={self.items!r}); call acc.add_items(k) "
                                  f"once per micro-batch, e.g. acc.add_items(y.numel())")
-            divisor = _global_items(self.items, grads, self.model)
+            divisor = dp.global_items(self.items, grads, self.model)
         else:
             # The boundary call itself is not counted yet (the exit's step is no micro-batch).
             divisor = float(self.micro_batches + (0 if self._force else 1))
         if world is None:
-            world = _dp_world(self.model)
+            world = dp.dp_world(self.model)
         # DDP averages over ranks; items normalisation wants the sum over ranks / total items.
         divisor = divisor / world if self.normalize == "items" else divisor
         if divisor != 1.0 and grads:
@@ -214,21 +185,21 @@ class Accumulator:
         m = self.model
         if m is None:
             return False
-        if _is_fsdp2(m):
+        if dp.is_fsdp2(m):
             return not self._sync
         return not getattr(m, "require_backward_grad_sync", True)
 
     def forward_pre_hook(self, module: Any, args: Any) -> None:
         # Decided at the forward, before backward: only the window's last micro-batch syncs.
         self._sync = self.micro_batches + 1 >= self.n
-        _set_sync(module, self._sync)
+        dp.set_sync(module, self._sync)
 
     def flush(self) -> None:
         """Step once for a partial last window (at least one micro-batch with gradients)."""
         if self.micro_batches == 0:
             return
-        if self._unsynced and _is_fsdp2(self.model):
-            _fsdp2_reduce_held_back(self.model)  # every rank gets here (a normal exit)
+        if self._unsynced and dp.is_fsdp2(self.model):
+            dp.fsdp2_reduce_held_back(self.model)  # every rank gets here (a normal exit)
             self._unsynced = False
             if not _grads(self.optimizer):
                 import torch
@@ -257,8 +228,8 @@ class Accumulator:
         """Drop a partial window's gradients (the block left with an exception)."""
         if self.micro_batches:
             optimizer_patch(self.optimizer).orig_zero_grad(set_to_none=True)
-            if self._unsynced and _is_fsdp2(self.model):
-                _fsdp2_drop_held_back(self.model)
+            if self._unsynced and dp.is_fsdp2(self.model):
+                dp.fsdp2_drop_held_back(self.model)
         self.end_window(stepped=False)
 
     def __repr__(self) -> str:
@@ -303,120 +274,6 @@ def warn_if_divided(loss: Any) -> None:
 
 def _grads(optimizer: Any) -> List[Any]:
     return [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-
-
-def _is_ddp(model: Any) -> bool:
-    import torch
-
-    return isinstance(model, torch.nn.parallel.DistributedDataParallel)
-
-
-def _is_fsdp2(model: Any) -> bool:
-    """A module given to ``fully_shard`` (FSDP2); FSDP1's wrapper has no such method."""
-    return model is not None and callable(getattr(model, "set_requires_gradient_sync", None))
-
-
-def _fsdp2_mesh(model: Any) -> Any:
-    """The device mesh of an FSDP2 model's (DTensor) parameters."""
-    for p in model.parameters():
-        mesh = getattr(p, "device_mesh", None)
-        if mesh is not None:
-            return mesh
-    raise ValueError(f"accumulate(model={type(model).__name__}): an FSDP2 model whose parameters "
-                     f"are not DTensors; pass the module given to fully_shard")
-
-
-def _dp_group(model: Any) -> Any:
-    """The data-parallel process group of a DDP or FSDP2 (1-D mesh) model; None for others."""
-    if _is_ddp(model):
-        return model.process_group
-    if _is_fsdp2(model):
-        return _fsdp2_mesh(model).get_group()
-    return None
-
-
-def _dp_world(model: Any) -> int:
-    """Ranks whose gradients DDP / FSDP2 average: 1 for any other model."""
-    if _is_ddp(model):
-        import torch
-
-        return torch.distributed.get_world_size(model.process_group)
-    if _is_fsdp2(model):
-        return _fsdp2_mesh(model).size()
-    return 1
-
-
-def _fsdp2_reduce_held_back(model: Any) -> None:
-    """Reduce-scatter the gradients an FSDP2 model held back (sync off): a collective.
-
-    FSDP runs its end-of-backward step once more with sync on; for every parameter group whose
-    backward was not just run it does what a synced backward would (see the module docstring).
-    """
-    model.set_requires_gradient_sync(True)
-    model._get_fsdp_state()._root_post_backward_final_callback()
-
-
-def _fsdp2_drop_held_back(model: Any) -> None:
-    """Drop this rank's held-back FSDP2 gradients, with no collective (the block raised).
-
-    They would otherwise join the next synced backward's gradients. Private FSDP2 attributes;
-    where they are not found, a warning says what is left.
-    """
-    try:
-        for m in model.modules():
-            get_state = getattr(m, "_get_fsdp_state", None)
-            if get_state is None:
-                continue
-            state = get_state()
-            groups = getattr(state, "_fsdp_param_groups", None)
-            if groups is None:
-                group = getattr(state, "_fsdp_param_group", None)
-                groups = [] if group is None else [group]
-            for group in groups:
-                for fp in group.fsdp_params:
-                    fp.unsharded_accumulated_grad = None
-                    param = getattr(fp, "_unsharded_param", None)
-                    if param is not None:
-                        param.grad = None
-    except AttributeError as e:
-        warnings.warn(f"accumulate: the partial window's held-back FSDP gradients could not be "
-                      f"dropped on this torch ({e}); the next synced backward adds them in. "
-                      f"Call zero_grad() after one synced backward before training on",
-                      RuntimeWarning, stacklevel=4)
-
-
-def _manual_allreduce(grads: List[Any], model: Any) -> Optional[int]:
-    """All-reduce (average) the gradients of an unsynced partial window; None when not DDP."""
-    import torch
-
-    if not _is_ddp(model):
-        return None
-    world = torch.distributed.get_world_size(model.process_group)
-    for g in grads:
-        torch.distributed.all_reduce(g, group=model.process_group)
-    if grads:
-        torch._foreach_div_(grads, float(world))
-    return world
-
-
-def _global_items(items: float, grads: List[Any], model: Any) -> float:
-    """The items of the window over all ranks (one all-reduce of a scalar, at the boundary)."""
-    import torch
-
-    world = _dp_world(model)
-    if world == 1:
-        return items
-    device = grads[0].device if grads else torch.device("cpu")
-    t = torch.tensor([items], dtype=torch.float64, device=device)
-    torch.distributed.all_reduce(t, group=_dp_group(model))
-    return float(t.item())  # a sync, once per window: the divisor must be known on the host
-
-
-def _set_sync(model: Any, sync: bool) -> None:
-    if _is_fsdp2(model):
-        model.set_requires_gradient_sync(sync)
-    elif _is_ddp(model):  # the flag its no_sync() context flips
-        model.require_backward_grad_sync = sync
 
 
 @contextlib.contextmanager
@@ -475,4 +332,4 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None,
             p.gate = prev_gate
             if hook is not None:
                 hook.remove()
-                _set_sync(model, True)
+                dp.set_sync(model, True)

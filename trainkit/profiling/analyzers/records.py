@@ -4,8 +4,8 @@ from __future__ import annotations
 import statistics
 from typing import Callable, Dict, List, Optional
 
-from ...recorder import (CLOSURE_MS, COMPILE_RECOMPILES, COMPILE_SECONDS, DATA_WAIT, GC_FULL, GC_MS, H2D_MS, H2D_PINNED_PCT,
-                         PREFIX, SAMPLES_PER_S, STEP_TIME, UPDATE_MS)
+from ...recorder import (CLOSURE_MS, COMPILE_RECOMPILES, COMPILE_SECONDS, DATA_WAIT, GC_FULL, GC_MS,
+                         H2D_MS, H2D_PINNED_PCT, PREFIX, SAMPLES_PER_S, STEP_TIME, UPDATE_MS)
 from ..finding import Finding, severity_for
 from ..runs import Run
 

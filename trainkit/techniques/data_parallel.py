@@ -1,0 +1,160 @@
+"""Gradient sync of data-parallel models for ``tk.accumulate``: DDP and FSDP2 (and FSDP1).
+
+DDP: with ``model=`` a forward pre-hook sets ``require_backward_grad_sync`` (what ``no_sync()``
+does) before each forward, so only the boundary micro-batch all-reduces. The last, partial
+window cannot be known in advance, so its gradients are all-reduced by hand on exit.
+
+FSDP2 (``fully_shard``): the same hook calls ``set_requires_gradient_sync(bool)``; FSDP then
+keeps the window's unsharded gradients on each rank and reduce-scatters their sum at the
+boundary's backward. A partial last window has no such backward, so on exit FSDP's own
+end-of-backward step is run once with sync on (``_root_post_backward_final_callback``, the one
+private entry point used; checked at block entry): it reduce-scatters what was held back, exactly
+as a synced backward would (reduce dtype, divide factor, HSDP all-reduce included). When the
+block ends with an exception, the held-back gradients are dropped on this rank alone (no
+collective: the other ranks may never get there).
+
+FSDP1 (``FullyShardedDataParallel``, deprecated by torch for FSDP2) is left to sync at every
+micro-batch: its gradients are exact and the partial window needs nothing, only the saving of
+skipped syncs is not had.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, List, Optional
+
+
+def check_model(n: int, model: Any, normalize: str) -> None:
+    """Refuse, before any state changes, an FSDP2 model this torch cannot sync a partial window
+    of, and ``normalize="items"`` on a mesh whose data-parallel ranks are not known here."""
+    if is_fsdp2(model):
+        get_state = getattr(model, "_get_fsdp_state", None)
+        state = get_state() if callable(get_state) else None
+        if not callable(getattr(state, "_root_post_backward_final_callback", None)):
+            import torch
+
+            raise RuntimeError(f"accumulate({n}, optimizer, model=<FSDP2 model>): this torch "
+                               f"({torch.__version__}) has no FSDP end-of-backward step to sync a "
+                               f"partial last window with; use a torch whose FSDP2 has "
+                               f"_root_post_backward_final_callback (2.14 does), or pass no "
+                               f"model= (FSDP then syncs at every micro-batch)")
+        ndim = _fsdp2_mesh(model).ndim
+        if normalize == "items" and ndim != 1:
+            raise ValueError(f"accumulate({n}, optimizer, model=<FSDP2 model on a "
+                             f"{ndim}-D mesh>, normalize='items'): the items "
+                             f"are summed over the data-parallel ranks, known here for a 1-D "
+                             f"mesh only (not HSDP or FSDP + tensor parallel); use "
+                             f"normalize='mean' with equal micro-batches, or a 1-D mesh")
+
+
+def is_ddp(model: Any) -> bool:
+    import torch
+
+    return isinstance(model, torch.nn.parallel.DistributedDataParallel)
+
+
+def is_fsdp2(model: Any) -> bool:
+    """A module given to ``fully_shard`` (FSDP2); FSDP1's wrapper has no such method."""
+    return model is not None and callable(getattr(model, "set_requires_gradient_sync", None))
+
+
+def _fsdp2_mesh(model: Any) -> Any:
+    """The device mesh of an FSDP2 model's (DTensor) parameters."""
+    for p in model.parameters():
+        mesh = getattr(p, "device_mesh", None)
+        if mesh is not None:
+            return mesh
+    raise ValueError(f"accumulate(model={type(model).__name__}): an FSDP2 model whose parameters "
+                     f"are not DTensors; pass the module given to fully_shard")
+
+
+def _dp_group(model: Any) -> Any:
+    """The data-parallel process group of a DDP or FSDP2 (1-D mesh) model; None for others."""
+    if is_ddp(model):
+        return model.process_group
+    if is_fsdp2(model):
+        return _fsdp2_mesh(model).get_group()
+    return None
+
+
+def dp_world(model: Any) -> int:
+    """Ranks whose gradients DDP / FSDP2 average: 1 for any other model."""
+    if is_ddp(model):
+        import torch
+
+        return torch.distributed.get_world_size(model.process_group)
+    if is_fsdp2(model):
+        return _fsdp2_mesh(model).size()
+    return 1
+
+
+def fsdp2_reduce_held_back(model: Any) -> None:
+    """Reduce-scatter the gradients an FSDP2 model held back (sync off): a collective.
+
+    FSDP runs its end-of-backward step once more with sync on; for every parameter group whose
+    backward was not just run it does what a synced backward would (see the module docstring).
+    """
+    model.set_requires_gradient_sync(True)
+    model._get_fsdp_state()._root_post_backward_final_callback()
+
+
+def fsdp2_drop_held_back(model: Any) -> None:
+    """Drop this rank's held-back FSDP2 gradients, with no collective (the block raised).
+
+    They would otherwise join the next synced backward's gradients. Private FSDP2 attributes;
+    where they are not found, a warning says what is left.
+    """
+    try:
+        for m in model.modules():
+            get_state = getattr(m, "_get_fsdp_state", None)
+            if get_state is None:
+                continue
+            state = get_state()
+            groups = getattr(state, "_fsdp_param_groups", None)
+            if groups is None:
+                group = getattr(state, "_fsdp_param_group", None)
+                groups = [] if group is None else [group]
+            for group in groups:
+                for fp in group.fsdp_params:
+                    fp.unsharded_accumulated_grad = None
+                    param = getattr(fp, "_unsharded_param", None)
+                    if param is not None:
+                        param.grad = None
+    except AttributeError as e:
+        warnings.warn(f"accumulate: the partial window's held-back FSDP gradients could not be "
+                      f"dropped on this torch ({e}); the next synced backward adds them in. "
+                      f"Call zero_grad() after one synced backward before training on",
+                      RuntimeWarning, stacklevel=4)
+
+
+def manual_allreduce(grads: List[Any], model: Any) -> Optional[int]:
+    """All-reduce (average) the gradients of an unsynced partial window; None when not DDP."""
+    import torch
+
+    if not is_ddp(model):
+        return None
+    world = dp_world(model)
+    for g in grads:
+        torch.distributed.all_reduce(g, group=model.process_group)
+    if grads:
+        torch._foreach_div_(grads, float(world))
+    return world
+
+
+def global_items(items: float, grads: List[Any], model: Any) -> float:
+    """The items of the window over all ranks (one all-reduce of a scalar, at the boundary)."""
+    import torch
+
+    world = dp_world(model)
+    if world == 1:
+        return items
+    device = grads[0].device if grads else torch.device("cpu")
+    t = torch.tensor([items], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(t, group=_dp_group(model))
+    return float(t.item())  # a sync, once per window: the divisor must be known on the host
+
+
+def set_sync(model: Any, sync: bool) -> None:
+    if is_fsdp2(model):
+        model.set_requires_gradient_sync(sync)
+    elif is_ddp(model):  # the flag its no_sync() context flips
+        model.require_backward_grad_sync = sync
