@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import time
 import warnings
 
 import pytest
@@ -181,18 +182,37 @@ def test_patch_again_after_a_scheduler_wrapped_the_first_patch(tmp_path):
     opt.step()
 
 
-def test_second_optimizer_adds_update_time_but_not_steps(tmp_path):
-    g, d = mlp(0), mlp(1)
-    opt_g = tk.patch(torch.optim.SGD(g.parameters(), lr=0.1))
+class _SlowSGD(torch.optim.SGD):
+    """An SGD whose step takes 20 ms more: its update time shows where it was filed."""
+
+    def step(self, closure=None):
+        time.sleep(0.02)
+        return super().step(closure)
+
+
+@pytest.mark.parametrize("patched_loader", [False, True])
+def test_second_optimizer_adds_update_time_to_the_same_step(tmp_path, patched_loader):
+    # A GAN's loop: the first optimizer to step makes the steps; the second one's update time
+    # goes under the step of the iteration it ran in, not the next one (nor an extra last step).
+    d, g = mlp(0), mlp(1)
     opt_d = tk.patch(torch.optim.SGD(d.parameters(), lr=0.1))
+    opt_g = tk.patch(_SlowSGD(g.parameters(), lr=0.1))
     with tk.session(logdir=tmp_path):
-        for x, y in loader(n=32):
-            for m, o in ((g, opt_g), (d, opt_d)):
+        batches = loader(n=32)
+        for x, y in (tk.patch(batches) if patched_loader else batches):
+            for m, o in ((d, opt_d), (g, opt_g)):
                 torch.nn.functional.cross_entropy(m(x), y).backward()
                 o.step()
                 o.zero_grad()
-    assert [st for st, _ in scalars(tmp_path)["trainkit/step_time_ms"]] == [2, 3, 4]
-    tk.unpatch(opt_g), tk.unpatch(opt_d)
+    sc = scalars(tmp_path)
+    assert {st for values in sc.values() for st, _ in values} == {1, 2, 3, 4}
+    update = sc["trainkit/update_ms"]
+    assert [st for st, _ in update] == [1, 2, 3, 4]
+    assert all(20.0 <= ms < 1000 for _, ms in update), update
+    step_time = sc["trainkit/step_time_ms"]
+    assert [st for st, _ in step_time] == ([1, 2, 3, 4] if patched_loader else [2, 3, 4])
+    # wall time between the first optimizer's step ends: each holds one step of the second
+    assert all(ms >= 20.0 for st, ms in step_time if st > 1), step_time
 
 
 @pytest.mark.parametrize("bad, text", [

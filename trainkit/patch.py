@@ -94,17 +94,24 @@ class OptimizerPatch:
         else:
             out = self.core(*args, **kwargs)
         t1 = timing.now()
-        if ev0 is not None:
-            end: Any = timing.cuda_event()
-            s.record(UPDATE_MS, timing.PendingInterval(ev0, end))
-        else:
-            end = timing.cuda_event() if gpu else t1
-            s.record(UPDATE_MS, (t1 - t0) * 1e3 - closure_ms[0])
-        if closure is not None:
-            s.record(CLOSURE_MS, closure_ms[0])
         if s._primary is None:
             s._primary = self
-        if s._primary is self:  # a second optimizer (a GAN's) adds its update time, not a step
+        primary = s._primary is self
+        # A second optimizer (a GAN's) adds its update time to a step, and makes none. It steps
+        # after the first one in an iteration: its time belongs to the step of the batch it
+        # trained on (a patched loader's), else to the step the first optimizer just ended.
+        step = s.step if primary else (s._batch_step if s._batch_step is not None
+                                       else max(s.step - 1, 1))
+        buf = s._buf
+        if ev0 is not None:
+            end: Any = timing.cuda_event()
+            buf.append((UPDATE_MS, step, timing.PendingInterval(ev0, end)))
+        else:
+            end = timing.cuda_event() if gpu and primary else t1
+            buf.append((UPDATE_MS, step, (t1 - t0) * 1e3 - closure_ms[0]))
+        if closure is not None:
+            buf.append((CLOSURE_MS, step, closure_ms[0]))
+        if primary:
             s.step_done(end)
         return out
 
