@@ -10,6 +10,8 @@ import trainkit as tk
 
 from ._oracle import batches, model64
 
+CLIP = 0.05  # below every window's gradient norm: the clip acts at every step
+
 
 def rank_batches(rank: int, sizes):
     return batches(sizes, seed=100 + rank)
@@ -22,7 +24,8 @@ def run(rank: int, world: int, port: int, outdir: str, sizes_by_rank, n: int) ->
     try:
         torch.set_num_threads(1)
         out = {}
-        for normalize in ("mean", "items"):
+        for key, normalize, clip in (("mean", "mean", None), ("items", "items", None),
+                                     ("clip", "mean", CLIP)):
             model = torch.nn.parallel.DistributedDataParallel(model64())
             calls = [0]
 
@@ -35,7 +38,8 @@ def run(rank: int, world: int, port: int, outdir: str, sizes_by_rank, n: int) ->
             model.register_comm_hook(None, hook)
             opt = torch.optim.Adam(model.parameters(), lr=0.01)
             sizes = sizes_by_rank[rank] if normalize == "items" else [4] * len(sizes_by_rank[rank])
-            with tk.accumulate(n, opt, model=model, normalize=normalize) as acc:
+            with tk.accumulate(n, opt, model=model, normalize=normalize,
+                               clip_grad_norm=clip) as acc:
                 for x, y in rank_batches(rank, sizes):
                     red = "sum" if normalize == "items" else "mean"
                     torch.nn.functional.mse_loss(model(x), y, reduction=red).backward()
@@ -43,7 +47,7 @@ def run(rank: int, world: int, port: int, outdir: str, sizes_by_rank, n: int) ->
                         acc.add_items(len(x))
                     opt.step()
                     opt.zero_grad()
-            out[normalize] = {"params": [p.detach().clone() for p in model.module.parameters()],
+            out[key] = {"params": [p.detach().clone() for p in model.module.parameters()],
                               "allreduces": calls[0], "steps": acc.steps,
                               "sync_flag": model.require_backward_grad_sync}
         torch.save(out, os.path.join(outdir, f"rank{rank}.pt"))

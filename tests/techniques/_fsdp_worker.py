@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 import trainkit as tk
 
-from ._ddp_worker import rank_batches
+from ._ddp_worker import CLIP, rank_batches
 from ._oracle import model64
 
 N = 4  # micro-batches per window; 10 micro-batches a rank make the windows 4, 4, 2
@@ -34,14 +34,14 @@ def full_params(model):
         return [p.detach().clone() for p in model.parameters()]
 
 
-def train(model, rank, sizes, *, normalize="mean", fail_at=None):
+def train(model, rank, sizes, *, normalize="mean", fail_at=None, clip=None, dtype=torch.float64):
     """One accumulate block over this rank's micro-batches; what each backward left behind."""
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     synced = []  # per micro-batch: did its backward leave (reduced) gradients on the shards
     red = "sum" if normalize == "items" else "mean"
-    data = rank_batches(rank, sizes)
+    data = [(x.to(dtype), y.to(dtype)) for x, y in rank_batches(rank, sizes)]
     try:
-        with tk.accumulate(N, opt, model=model, normalize=normalize) as acc:
+        with tk.accumulate(N, opt, model=model, normalize=normalize, clip_grad_norm=clip) as acc:
             for i, (x, y) in enumerate(data):
                 torch.nn.functional.mse_loss(model(x), y, reduction=red).backward()
                 synced.append(any(p.grad is not None for p in model.parameters()))
@@ -79,6 +79,16 @@ def run(rank: int, world: int, port: int, outdir: str, sizes_by_rank) -> None:
                 model = make()
                 _, acc, synced = train(model, rank, equal)
                 out[name] = {"params": full_params(model), "steps": acc.steps, "synced": synced}
+
+            # clip_grad_norm: FSDP2's DTensor gradients through torch's clip_grad_norm_, FSDP1's
+            # flat shards through its own clip_grad_norm_ (which takes no float64 gradients)
+            for name, make, dtype in (
+                    ("fsdp2_clip", lambda: fsdp2(mesh), torch.float64),
+                    ("fsdp1_clip", lambda: FSDP(model64().float(), device_id=torch.device("cpu"),
+                                                use_orig_params=True), torch.float32)):
+                model = make()
+                _, acc, _ = train(model, rank, equal, clip=CLIP, dtype=dtype)
+                out[name] = {"params": [p.double() for p in full_params(model)], "steps": acc.steps}
 
             model = fsdp2(mesh)
             _, acc, _ = train(model, rank, sizes_by_rank[rank], normalize="items")

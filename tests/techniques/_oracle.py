@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -19,8 +19,9 @@ def batches(sizes: Sequence[int], seed: int = 1, dtype=torch.float64) -> List[Tu
 
 
 def big_batch_oracle(model: torch.nn.Module, make_opt: Callable, data, n: int,
-                     reduction: str = "mean") -> torch.nn.Module:
-    """One optimizer step per window of ``n`` micro-batches on the concatenated batch."""
+                     reduction: str = "mean", clip: Optional[float] = None) -> torch.nn.Module:
+    """One optimizer step per window of ``n`` micro-batches on the concatenated batch (its
+    gradient clipped to ``clip`` first, when given)."""
     m = copy.deepcopy(model)
     opt = make_opt(m.parameters())
     for i in range(0, len(data), n):
@@ -33,6 +34,8 @@ def big_batch_oracle(model: torch.nn.Module, make_opt: Callable, data, n: int,
         else:  # per item = per row: the sum over rows divided by the rows
             loss = torch.nn.functional.mse_loss(m(x), y, reduction="sum") / len(x)
         loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
         opt.step()
     return m
 

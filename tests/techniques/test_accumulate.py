@@ -32,6 +32,101 @@ def test_accumulate_equals_big_batch_with_partial_last_window(name):
     assert optimizer_patch(opt).gate is None
 
 
+def _norm(grads):
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+
+
+@pytest.mark.parametrize("name", sorted(OPTS))
+def test_clip_grad_norm_clips_each_window_as_the_big_batch(name):
+    # The clip is active at every step (max norm below every window's norm), the last window
+    # is partial (4, 4, 2): each window's divided gradient is clipped once, as after a big batch.
+    base = model64()
+    data = batches([5] * 10)
+    oracle = big_batch_oracle(base, OPTS[name], data, 4, clip=0.05)
+    unclipped = big_batch_oracle(base, OPTS[name], data, 4)
+    m = copy.deepcopy(base)
+    opt = OPTS[name](m.parameters())
+    norms = []
+    with tk.accumulate(4, opt, clip_grad_norm=0.05) as acc:
+        for x, y in data:
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            opt.step()
+            if acc.micro_batches == 0:  # a real step just ran: its gradient was clipped
+                norms.append((acc.grad_norm.item(), _norm([p.grad for p in m.parameters()])))
+            opt.zero_grad()
+    norms.append((acc.grad_norm.item(), _norm([p.grad for p in m.parameters()])))
+    assert acc.steps == 3
+    assert max_rel_err(m, oracle) < 1e-10
+    assert max_rel_err(m, unclipped) > 1e-3  # the clip was not a no-op
+    assert all(before > 0.05 and abs(after - 0.05) < 1e-6 for before, after in norms), norms
+
+
+def test_clipping_by_hand_inside_the_window_differs_from_the_big_batch():
+    # What clip_grad_norm= exists for: a clip_grad_norm_ before optimizer.step() clips the
+    # running undivided sum at every micro-batch, which is not the big batch's clip.
+    base = model64()
+    data = batches([5] * 8)
+    oracle = big_batch_oracle(base, OPTS["sgd"], data, 4, clip=0.05)
+    m = copy.deepcopy(base)
+    opt = OPTS["sgd"](m.parameters())
+    with tk.accumulate(4, opt):
+        for x, y in data:
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05)
+            opt.step()
+            opt.zero_grad()
+    assert max_rel_err(m, oracle) > 1e-3
+
+
+def test_clip_grad_norm_under_a_users_grad_scaler_sees_the_unscaled_gradient():
+    base = model64().float()
+    data = [(x.float(), y.float()) for x, y in batches([5] * 8)]
+    oracle = big_batch_oracle(base, OPTS["sgd"], data, 4, clip=0.05)
+    m = copy.deepcopy(base)
+    opt = OPTS["sgd"](m.parameters())
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    with tk.accumulate(4, opt, clip_grad_norm=0.05) as acc:
+        for x, y in data:
+            with tk.autocast_scaled(scaler, dtype="fp32") as amp:
+                loss = torch.nn.functional.mse_loss(m(x), y)
+            amp.backward(loss)
+            amp.step(opt)
+            opt.zero_grad()
+    assert acc.steps == 2 and amp.skipped == 0
+    assert max_rel_err(m, oracle) < 1e-5
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "1.0"])
+def test_clip_grad_norm_must_be_a_positive_number(bad):
+    m = model64()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"clip_grad_norm=.*e\.g\. clip_grad_norm=1\.0"):
+        with tk.accumulate(2, opt, clip_grad_norm=bad):
+            pass
+    assert optimizer_patch(opt) is None  # refused before anything changed
+    with tk.autocast_scaled(dtype="fp32") as amp:
+        loss = m(torch.ones(1, 6, dtype=torch.float64)).sum()
+    amp.backward(loss)
+    before = [p.detach().clone() for p in m.parameters()]
+    with pytest.raises(ValueError, match=r"amp\.step\(optimizer, \.\.\.\): clip_grad_norm="):
+        amp.step(opt, clip_grad_norm=bad)
+    assert all(torch.equal(a, p) for a, p in zip(before, m.parameters()))
+
+
+def test_clip_in_both_accumulate_and_amp_step_is_refused():
+    m = model64()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with tk.accumulate(2, opt, clip_grad_norm=1.0) as acc:
+        with tk.autocast_scaled(dtype="fp32") as amp:
+            loss = m(torch.ones(1, 6, dtype=torch.float64)).sum()
+        amp.backward(loss)
+        with pytest.raises(ValueError, match="clip once"):
+            amp.step(opt, clip_grad_norm=1.0)
+        assert acc.micro_batches == 0
+        opt.zero_grad()
+    tk.unpatch(opt)
+
+
 def test_items_normalisation_with_uneven_micro_batches():
     base = model64()
     data = batches([3, 7, 1, 5, 4, 2, 6])

@@ -3,7 +3,7 @@ import socket
 import pytest
 import torch
 
-from ._ddp_worker import rank_batches, run
+from ._ddp_worker import CLIP, rank_batches, run
 from ._oracle import big_batch_oracle, max_rel_err, model64
 
 SIZES = [[3, 5, 2, 4, 6, 1, 3, 2, 5, 4], [4, 1, 6, 2, 3, 5, 2, 4, 1, 3]]  # 10 micro-batches a rank
@@ -33,6 +33,9 @@ def test_ddp_two_gloo_ranks_equal_oracle_and_sync_only_at_boundaries(tmp_path):
     oracles = {
         "mean": big_batch_oracle(model64(), adam, _global_batches([[4] * 10] * 2), n),
         "items": big_batch_oracle(model64(), adam, _global_batches(SIZES), n, reduction="items"),
+        # each window's synced, divided gradient clipped once (the partial one's after its
+        # all-reduce by hand)
+        "clip": big_batch_oracle(model64(), adam, _global_batches([[4] * 10] * 2), n, clip=CLIP),
     }
     for normalize, oracle in oracles.items():
         a, b = r0[normalize], r1[normalize]

@@ -7,9 +7,9 @@ The gradients of the N backwards add up, so each loss must be divided by N
 from __future__ import annotations
 
 import ast
-from typing import Iterator, Tuple
+from typing import Iterator, Optional, Tuple
 
-from trainkit.lint._core import FileContext, TrainingLoop, find_modulo, method_name
+from trainkit.lint._core import FileContext, TrainingLoop, dotted, find_modulo, method_name
 from trainkit.lint._loss import (backward_operand, late_normalisation, loss_name, normalisation_before,
                                  normalised_before)
 from trainkit.lint._registry import Hit, rule
@@ -120,3 +120,48 @@ def check_double_normalisation(ctx: FileContext) -> Iterator[Hit]:
                     "pass the plain per-micro-batch mean loss (drop the division); "
                     "with `normalize=\"items\"`, count items with `acc.add_items(k)` instead",
                 )
+
+
+def _tk_accumulate_block(ctx: FileContext, node: ast.AST) -> Optional[ast.Call]:
+    """The ``tk.accumulate(...)`` call of trainkit's own accumulate block around ``node``, if any.
+
+    Only trainkit's (resolved through the imports): accelerate's ``accumulate`` divides the loss,
+    and its ``clip_grad_norm_`` clips only where the gradients are synced.
+    """
+    for parent in ctx.ancestors(node):
+        if isinstance(parent, (ast.With, ast.AsyncWith)):
+            for item in parent.items:
+                expr = item.context_expr
+                if isinstance(expr, ast.Call):
+                    qual = ctx.qualname(expr.func) or ""
+                    if qual.startswith("trainkit.") and qual.endswith(".accumulate"):
+                        return expr
+    return None
+
+
+@rule(
+    "TK105",
+    name="clip-inside-accumulate",
+    severity="error",
+    summary="clip_grad_norm_ inside a tk.accumulate block clips the undivided running sum at every micro-batch",
+)
+def check_clip_inside_accumulate(ctx: FileContext) -> Iterator[Hit]:
+    """Flag ``clip_grad_norm_(...)`` run inside ``with tk.accumulate(...)``."""
+    for call in ctx.calls:
+        target = call.func.attr if isinstance(call.func, ast.Attribute) else dotted(call.func)
+        if target != "clip_grad_norm_":
+            continue
+        block = _tk_accumulate_block(ctx, call)
+        if block is None:
+            continue
+        given = call.args[1] if len(call.args) > 1 else next(
+            (k.value for k in call.keywords if k.arg == "max_norm"), None)
+        max_norm = ast.unparse(given) if given is not None else "max_norm"
+        yield Hit(
+            call,
+            f"`{ast.unparse(call).splitlines()[0]}` runs inside `{ast.unparse(block.func)}(...)` (line "
+            f"{block.lineno}), whose window gradients are a running, undivided sum until the real step: "
+            "it clips that sum at every micro-batch, not the window's gradient as a big batch would",
+            f"drop it and pass `clip_grad_norm={max_norm}` to `{ast.unparse(block.func)}(...)` (or to "
+            "`amp.step`), which clips each window's divided gradient once, right before the real step",
+        )

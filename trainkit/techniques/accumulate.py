@@ -35,7 +35,7 @@ _NORMALIZE = ("mean", "items")
 _open: List["Accumulator"] = []
 
 
-def _check(n: Any, optimizer: Any, model: Any, normalize: Any) -> None:
+def _check(n: Any, optimizer: Any, model: Any, normalize: Any, clip_grad_norm: Any) -> None:
     import torch
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -52,11 +52,23 @@ def _check(n: Any, optimizer: Any, model: Any, normalize: Any) -> None:
         raise ValueError(f"accumulate({n}, optimizer, normalize={normalize!r}): normalize must be "
                          f"one of {', '.join(map(repr, _NORMALIZE))}; use 'items' with "
                          f"acc.add_items(k) to divide by tokens, e.g. normalize='items'")
+    check_clip(clip_grad_norm, f"accumulate({n}, optimizer, ...)")
     dp.check_model(n, model, normalize)
     gate = getattr(optimizer_patch(optimizer), "gate", None)
     if isinstance(gate, Accumulator):
         raise ValueError(f"accumulate({n}, optimizer): this optimizer is already inside "
                          f"accumulate({gate.n}, ...); nest nothing, use one accumulate block")
+
+
+def check_clip(max_norm: Any, call: str) -> None:
+    """Refuse a ``clip_grad_norm`` that is not a finite number > 0 (a negative one flips the
+    gradients, a NaN makes them NaN) or None."""
+    if max_norm is None:
+        return
+    if (isinstance(max_norm, bool) or not isinstance(max_norm, (int, float))
+            or not math.isfinite(max_norm) or max_norm <= 0):
+        raise ValueError(f"{call}: clip_grad_norm={max_norm!r} is not a max norm; pass a finite "
+                         f"number > 0 (or None: no clipping), e.g. clip_grad_norm=1.0")
 
 
 def _is_user_scaler_step() -> bool:
@@ -85,11 +97,16 @@ class Accumulator:
         items: items added with :meth:`add_items` in the current window.
     """
 
-    def __init__(self, n: int, optimizer: Any, model: Any, normalize: Normalize) -> None:
+    def __init__(self, n: int, optimizer: Any, model: Any, normalize: Normalize,
+                 clip_grad_norm: Optional[float] = None) -> None:
         self.n = n
         self.optimizer = optimizer
         self.model = model
         self.normalize: Normalize = normalize
+        self.clip_grad_norm = None if clip_grad_norm is None else float(clip_grad_norm)
+        #: the total gradient norm of the last real step, before clipping (a tensor, not read:
+        #: reading it on a GPU would wait for it); None without ``clip_grad_norm``.
+        self.grad_norm: Any = None
         self.micro_batches = 0
         self.steps = 0
         self.items = 0.0
@@ -140,6 +157,8 @@ class Accumulator:
             self._unsynced = self._sync_off()
             return False
         self.prepare()
+        if self.clip_grad_norm is not None:
+            self.clip()
         self.end_window(stepped=True)
         return True
 
@@ -171,6 +190,17 @@ class Accumulator:
             import torch
 
             torch._foreach_div_(grads, divisor)
+
+    def clip(self) -> None:
+        """Clip the window's gradient (divided, synced, unscaled by now) to ``clip_grad_norm``."""
+        import torch
+
+        m = self.model
+        if m is not None and dp.is_fsdp1(m):  # its own clip knows the shards
+            self.grad_norm = m.clip_grad_norm_(self.clip_grad_norm)
+        else:
+            params = [p for g in self.optimizer.param_groups for p in g["params"]]
+            self.grad_norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm)
 
     def end_window(self, *, stepped: bool) -> None:
         self.micro_batches = 0
@@ -277,8 +307,8 @@ def _grads(optimizer: Any) -> List[Any]:
 
 
 @contextlib.contextmanager
-def accumulate(n: int, optimizer: Any, *, model: Any = None,
-               normalize: Normalize = "mean") -> Iterator[Accumulator]:
+def accumulate(n: int, optimizer: Any, *, model: Any = None, normalize: Normalize = "mean",
+               clip_grad_norm: Optional[float] = None) -> Iterator[Accumulator]:
     """Accumulate gradients over ``n`` micro-batches per optimizer step, around the whole loop.
 
     Inside the block ``optimizer.step()`` really steps on every n-th call, after dividing the
@@ -290,7 +320,9 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None,
     block exits with an exception that partial window is discarded (its gradients are set to
     None) and the exception propagates. With ``model=`` (DDP, FSDP2) gradient sync runs only on a
     window's last micro-batch (FSDP1 is left to sync at every one). Use ``amp.step`` (not
-    ``scaler.step``) for AMP inside the block.
+    ``scaler.step``) for AMP inside the block. Clip with ``clip_grad_norm=``, not by hand: a
+    ``clip_grad_norm_`` before ``optimizer.step()`` would clip each micro-batch's running,
+    undivided sum (``trainkit lint`` reports it, TK105).
 
     Args:
         n: micro-batches per optimizer step (a positive int).
@@ -298,6 +330,9 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None,
         model: the DDP-wrapped model or the FSDP2 root (given to ``fully_shard``), to skip
             gradient sync on non-boundary micro-batches.
         normalize: ``"mean"`` (divide by micro-batches) or ``"items"`` (by ``acc.add_items``).
+        clip_grad_norm: max norm of the window's gradient, clipped once per real step after it was
+            divided (and synced, and unscaled under ``amp.step``), as ``clip_grad_norm_`` after a
+            big batch's backward; the norm before clipping is kept as ``acc.grad_norm``.
 
     Example::
 
@@ -306,10 +341,10 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None,
                 loss = criterion(model(x), y)
                 loss.backward(); optimizer.step(); optimizer.zero_grad()
     """
-    _check(n, optimizer, model, normalize)
+    _check(n, optimizer, model, normalize, clip_grad_norm)
     _patch_opt(optimizer)
     p = optimizer_patch(optimizer)
-    acc = Accumulator(n, optimizer, model, normalize)
+    acc = Accumulator(n, optimizer, model, normalize, clip_grad_norm)
     prev_gate = p.gate
     hook = None
     if model is not None:

@@ -24,7 +24,7 @@ import weakref
 from typing import Any, Iterator, Literal, Optional
 
 from ..patch import optimizer_patch
-from .accumulate import warn_if_divided
+from .accumulate import check_clip, warn_if_divided
 from ..session import active as _active_session
 from .. import switches
 from ..recorder import AMP_SCALE, AMP_SKIPPED
@@ -83,7 +83,12 @@ class Amp:
 
             amp.backward(loss); amp.step(optimizer, clip_grad_norm=1.0); optimizer.zero_grad()
         """
+        check_clip(clip_grad_norm, "amp.step(optimizer, ...)")
         gate = getattr(optimizer_patch(optimizer), "gate", None)
+        if clip_grad_norm is not None and getattr(gate, "clip_grad_norm", None) is not None:
+            raise ValueError(f"amp.step(optimizer, clip_grad_norm={clip_grad_norm!r}) inside "
+                             f"tk.accumulate(..., clip_grad_norm={gate.clip_grad_norm!r}): clip "
+                             f"once; drop one of the two (accumulate's clips every real step)")
         boundary = getattr(gate, "boundary", True)
         if not boundary:  # inside a window: no unscale, no update, the gate counts the call
             optimizer.step()

@@ -57,6 +57,15 @@ def is_fsdp2(model: Any) -> bool:
     return model is not None and callable(getattr(model, "set_requires_gradient_sync", None))
 
 
+def is_fsdp1(model: Any) -> bool:
+    """FSDP1's ``FullyShardedDataParallel`` wrapper (its gradients are flat shards)."""
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:  # pragma: no cover - a torch built without distributed
+        return False
+    return isinstance(model, FullyShardedDataParallel)
+
+
 def _fsdp2_mesh(model: Any) -> Any:
     """The device mesh of an FSDP2 model's (DTensor) parameters."""
     for p in model.parameters():
