@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import time
+import types
 
 import pytest
 import torch
@@ -203,6 +204,45 @@ def test_to_device_nested_structures_and_bytes(tmp_path):
     ms = got["trainkit/h2d_ms"][0][1]
     assert got["trainkit/h2d_GBps"][0][1] == pytest.approx(nbytes / (ms / 1e3) / 1e9, rel=1e-3)
     assert got["trainkit/h2d_pinned_pct"] == [(1, 0.0)]  # nothing was pinned
+
+
+class _Batch(collections.UserDict):
+    """A mapping that is no dict, with state of its own (as a tokenizer's BatchEncoding)."""
+
+    def __init__(self, data=None, note="n"):
+        super().__init__(data)
+        self.note = note
+
+
+def test_to_device_keeps_mapping_types_and_what_they_carry(tmp_path):
+    dd = collections.defaultdict(list, {"x": torch.ones(2)})
+    od = collections.OrderedDict([("b", torch.ones(1)), ("a", torch.ones(3))])
+    ud = _Batch({"ids": torch.ones(4, 2)}, note="kept")
+    proxy = types.MappingProxyType({"p": torch.ones(1)})
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        out = tk.to_device({"dd": dd, "od": od, "ud": ud, "proxy": proxy}, "meta")
+    assert type(out) is dict
+    assert type(out["dd"]) is collections.defaultdict and out["dd"].default_factory is list
+    assert out["dd"]["x"].device.type == "meta" and out["dd"]["missing"] == []
+    assert type(out["od"]) is collections.OrderedDict and list(out["od"]) == ["b", "a"]
+    assert out["od"]["a"].device.type == "meta"
+    assert type(out["ud"]) is _Batch and out["ud"].note == "kept"
+    assert out["ud"]["ids"].device.type == "meta"
+    assert ud["ids"].device.type == "cpu" and dd["x"].device.type == "cpu"  # sources untouched
+    assert out["proxy"] == {"p": out["proxy"]["p"]} and out["proxy"]["p"].device.type == "meta"
+    nbytes = (2 + 1 + 3 + 8 + 1) * 4
+    ms = scalars(tmp_path)["trainkit/h2d_ms"][0][1]
+    assert scalars(tmp_path)["trainkit/h2d_GBps"][0][1] == pytest.approx(nbytes / (ms / 1e3) / 1e9, rel=1e-3)
+
+
+def test_items_from_a_mapping_that_is_no_dict(tmp_path):
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        for _ in tk.patch([_Batch({"ids": torch.zeros(6, 3)}), _Batch({"ids": torch.zeros(2, 3)})]):
+            time.sleep(0.002)
+    got = scalars(tmp_path)
+    steps = dict(got["trainkit/step_time_ms"])
+    for st, v in got["trainkit/samples_per_s"]:
+        assert v == pytest.approx({1: 6, 2: 2}[st] / (steps[st] / 1e3), rel=1e-4)
 
 
 def test_to_device_same_device_is_free_and_records_nothing(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -135,10 +136,26 @@ def test_bad_log_calls(tmp_path):
             s.log("loss", torch.ones(2))
         with pytest.raises(TypeError, match="name must be a non-empty str"):
             s.log("", 1.0)
-        with pytest.raises(TypeError, match="value must be a number"):
+        with pytest.raises(TypeError, match="value must be a real number"):
             s.log("x", "high")
+        with pytest.raises(ValueError, match=r"shape \(3,\).*a.mean\(\)"):
+            s.log("x", np.ones(3))
+        with pytest.raises(TypeError, match="value must be a real number"):
+            s.log("x", np.complex64(1 + 2j))
         with pytest.raises(ValueError, match="step=-1"):
             s.log("x", 1.0, step=-1)
+
+
+def test_numpy_scalars_and_one_element_arrays_are_logged(tmp_path):
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        s.log("flag", np.bool_(True))
+        s.log("zero_d", np.array(2.5))
+        s.log("one", np.array([[4]], dtype=np.int64))
+        s.log("f32", np.float32(0.25))
+        s.log("plain_bool", False)
+    got = scalars(tmp_path)
+    assert (got["flag"], got["zero_d"], got["one"], got["f32"], got["plain_bool"]) == \
+        ([(1, 1.0)], [(1, 2.5)], [(1, 4.0)], [(1, 0.25)], [(1, 0.0)])
 
 
 def test_rank_folder_under_torchrun_env(tmp_path, monkeypatch):

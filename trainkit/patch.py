@@ -28,6 +28,7 @@ from .session import active as _active_session
 # the hot paths read ``_S._active`` instead of calling ``active()``.
 _S = sys.modules[__package__ + ".session"]
 from . import timing
+from ._text import brief
 from .recorder import BATCH_REC, CLOSURE_MS, STEP_REC, UPDATE_MS
 from .profiling import regions
 from .profiling.regions import profiler_enabled, record_function
@@ -333,7 +334,7 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
     elif not hasattr(obj, "__iter__"):
         kind = type(obj).__name__
     if kind is not None:
-        raise TypeError(f"patch({obj!r:.80}): expected a torch.optim.Optimizer or an iterable data "
+        raise TypeError(f"patch({brief(obj)}): expected a torch.optim.Optimizer or an iterable data "
                         f"loader, got {kind}; e.g. tk.patch(optimizer) and loader = tk.patch(loader)")
     if compile:
         raise TypeError("patch(loader, compile=True): compile applies to optimizers only, "

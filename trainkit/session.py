@@ -19,6 +19,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from . import _env, timing
+from ._text import brief
 from .recorder import PREFIX, STEP_END, STEP_TIME, Recorder
 
 _active: Optional["Session"] = None
@@ -286,7 +287,16 @@ def _scalar(name: str, value: Any) -> Any:
         return value.item()
     if isinstance(value, numbers.Real):
         return float(value)
-    raise TypeError(f"log({name!r}, {value!r}): value must be a number or a one-element tensor")
+    size = getattr(value, "size", None)  # a numpy scalar (np.bool_ too) or array, and the like
+    if isinstance(size, int) and callable(getattr(value, "item", None)):
+        if size != 1:
+            raise ValueError(f"log({name!r}, array of shape {getattr(value, 'shape', '?')}): only "
+                             f"scalars can be logged; reduce it first, e.g. s.log({name!r}, a.mean())")
+        item = value.item()
+        if isinstance(item, numbers.Real):
+            return float(item)
+    raise TypeError(f"log({name!r}, {brief(value)}): value must be a real number or a one-element "
+                    f"tensor or array, e.g. s.log({name!r}, loss)")
 
 
 def _check_profile(profile: Any) -> Any:

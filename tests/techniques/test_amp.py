@@ -218,3 +218,27 @@ def test_skipped_steps_add_up_across_blocks_and_are_filed_under_their_step(tmp_p
     assert [(p.step, p.value) for p in ea.Scalars("trainkit/amp/scale")] == [
         (1, 256.0), (2, 128.0), (3, 64.0), (4, 64.0)]
     tk.unpatch(opt)
+
+
+def test_errors_show_a_model_or_optimizer_given_in_the_wrong_place_on_one_line():
+    # A model's or optimizer's repr spans lines; the message keeps its first line, closed.
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError) as amp_err:
+        with tk.autocast_scaled(scaler=opt):
+            pass
+    with pytest.raises(TypeError) as acc_err:
+        tk.accumulate(2, model).__enter__()
+    assert str(amp_err.value).startswith("autocast_scaled(scaler=SGD(...)): expected a GradScaler")
+    assert str(acc_err.value).startswith("accumulate(2, optimizer=Sequential(...)): expected")
+    assert "\n" not in str(amp_err.value) + str(acc_err.value)
+    from trainkit._text import brief
+
+    assert brief("x" * 200) == repr("x" * 200)[:77] + "..."
+    assert brief(torch.ones(3)) == "tensor([1., 1., 1.])"
+
+    class Broken:
+        def __repr__(self):
+            raise RuntimeError("no repr")
+
+    assert brief(Broken()) == "<Broken>"

@@ -25,6 +25,7 @@ import sys
 import warnings
 from typing import Any, Callable, Iterator, List, Literal, Optional
 
+from .._text import brief
 from ..patch import optimizer_patch, patch as _patch_opt, wrap_zero_grad
 from . import data_parallel as dp
 
@@ -42,11 +43,11 @@ def _check(n: Any, optimizer: Any, model: Any, normalize: Any, clip_grad_norm: A
         raise ValueError(f"accumulate(n={n!r}): n must be a positive int (micro-batches per "
                          f"optimizer step), e.g. accumulate(4, optimizer)")
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"accumulate({n}, optimizer={optimizer!r:.80}): expected a "
+        raise TypeError(f"accumulate({n}, optimizer={brief(optimizer)}): expected a "
                         f"torch.optim.Optimizer, got {type(optimizer).__name__}; e.g. "
                         f"accumulate({n}, torch.optim.SGD(model.parameters(), lr=0.1))")
     if model is not None and not isinstance(model, torch.nn.Module):
-        raise TypeError(f"accumulate({n}, optimizer, model={model!r:.80}): model must be the "
+        raise TypeError(f"accumulate({n}, optimizer, model={brief(model)}): model must be the "
                         f"nn.Module (e.g. the DistributedDataParallel wrapper) or None")
     if normalize not in _NORMALIZE:
         raise ValueError(f"accumulate({n}, optimizer, normalize={normalize!r}): normalize must be "

@@ -23,6 +23,7 @@ import contextlib
 import weakref
 from typing import Any, Iterator, Literal, Optional
 
+from .._text import brief
 from ..patch import optimizer_patch
 from .accumulate import check_clip, warn_if_divided
 from ..session import active as _active_session
@@ -188,7 +189,7 @@ def _check(scaler: Any, dtype: Any, device_type: Any) -> str:
         raise ValueError(f"autocast_scaled(device_type={device_type!r}): device_type must be "
                          f"'cuda', 'cpu' or None (None: 'cuda' when CUDA is in use)")
     if scaler is not None and not all(hasattr(scaler, a) for a in ("scale", "step", "update")):
-        raise TypeError(f"autocast_scaled(scaler={scaler!r:.80}): expected a GradScaler or None, "
+        raise TypeError(f"autocast_scaled(scaler={brief(scaler)}): expected a GradScaler or None, "
                         f"e.g. autocast_scaled(torch.amp.GradScaler('cuda'))")
     if dtype == "fp16" and device_type == "cpu" and (scaler is None or not scaler.is_enabled()):
         raise ValueError("autocast_scaled(scaler=None, dtype='fp16') on the CPU: fp16 without a "

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import switches
+from .._text import brief
 
 _UNSET = object()
 
@@ -83,7 +84,7 @@ def channels_last(obj: Any) -> Any:
     import torch
 
     if not isinstance(obj, (torch.nn.Module, torch.Tensor)):
-        raise TypeError(f"channels_last({obj!r:.80}): expected an nn.Module or a tensor, got "
+        raise TypeError(f"channels_last({brief(obj)}): expected an nn.Module or a tensor, got "
                         f"{type(obj).__name__}; e.g. model = tk.channels_last(model)")
     if not switches.technique("channels_last", True):
         return obj

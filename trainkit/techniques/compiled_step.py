@@ -24,6 +24,7 @@ import warnings
 from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, overload
 
 from ..session import active as _active_session  # the module name is rebound by __init__
+from .._text import brief
 from ..recorder import COMPILE_RECOMPILES, COMPILE_SECONDS
 
 Mode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
@@ -410,7 +411,7 @@ def compiled_step(target: Any = None, *, mode: Optional[Mode] = None,
 
 def _decorate_checked(fn: Any, *, mode: Optional[str], fullgraph: bool) -> Callable[..., Any]:
     if not callable(fn) or isinstance(fn, type):
-        raise TypeError(f"compiled_step({fn!r:.80}): expected a function that steps the optimizer "
+        raise TypeError(f"compiled_step({brief(fn)}): expected a function that steps the optimizer "
                         f"or a torch.optim.Optimizer; e.g. @tk.compiled_step on `def step(): "
                         f"opt.step()`, or tk.compiled_step(optimizer)")
     return _decorate(fn, mode=mode, fullgraph=fullgraph)

@@ -7,6 +7,8 @@ that share is what ``tk.analyze`` reports as "pageable host-to-device copies".
 """
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from typing import Any, List, Optional
 
 from ..session import active as _active_session
@@ -48,17 +50,23 @@ def _move(obj: Any, device: Any, non_blocking: Optional[bool], acc: list) -> Any
         return type(obj)(*moved) if hasattr(obj, "_fields") else type(obj)(moved)
     if isinstance(obj, list):
         return [_move(v, device, non_blocking, acc) for v in obj]
-    if isinstance(obj, dict):
-        out = {k: _move(v, device, non_blocking, acc) for k, v in obj.items()}
-        try:
-            return type(obj)(out)
-        except TypeError:  # a dict subclass whose constructor takes other arguments
+    if isinstance(obj, Mapping):  # dicts, and the like (a UserDict, e.g. a tokenizer's batch)
+        moved = {k: _move(v, device, non_blocking, acc) for k, v in obj.items()}
+        if type(obj) is dict:
+            return moved
+        try:  # a copy keeps the type and what it carries (a defaultdict's factory, attributes)
+            out = copy.copy(obj)
+            for k, v in moved.items():
+                out[k] = v
             return out
+        except Exception:  # an immutable or uncopyable mapping: its items as a dict
+            return moved
     return obj  # ints, strings, None...: left as they are
 
 
 def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> Any:
-    """Move every tensor in ``obj`` (nested tuples, namedtuples, lists, dicts) to ``device``.
+    """Move every tensor in ``obj`` (nested tuples, namedtuples, lists, dicts and other
+    mappings, whose type is kept) to ``device``.
 
     Records the bytes moved, the copy time (``trainkit/h2d_ms``; CUDA events on a GPU, since an
     asynchronous copy returns at once), the bandwidth (``trainkit/h2d_GBps``) and the pinned share.
@@ -143,7 +151,7 @@ def _find_tensor(obj: Any, path: List[Any]) -> Optional[List[Any]]:
     items: Any = ()
     if isinstance(obj, (tuple, list)):
         items = enumerate(obj)
-    elif isinstance(obj, dict):
+    elif isinstance(obj, Mapping):
         items = obj.items()
     for key, value in items:
         found = _find_tensor(value, path + [key])
