@@ -276,3 +276,57 @@ def test_to_device_pinned_copies_are_async_and_timed_on_gpu(tmp_path):
     got = scalars(tmp_path)
     assert got["trainkit/h2d_pinned_pct"][0][1] == pytest.approx(50.0)
     assert got["trainkit/h2d_GBps"][0][1] > 0.1
+
+
+def _train_pass(model, opt, batches, s):
+    for x, y in tk.patch(batches):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        s.log("loss", 1.0)
+
+
+def _eval_pass(model, batches, s):
+    with torch.no_grad():
+        for x, y in tk.patch(batches):
+            s.log("acc", float((model(x).argmax(1) == y).float().mean()))
+
+
+def test_evaluation_session_after_training_counts_its_batches(tmp_path):
+    # The training session's optimizer is still alive (and patched) when the evaluation session
+    # runs: it stepped in another session, so here each batch is a step, as with no optimizer.
+    model = mlp()
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    batches = list(loader(n=32, batch_size=8))
+    with tk.session(logdir=tmp_path / "train", system_metrics=False) as s:
+        _train_pass(model, opt, batches, s)
+    with tk.session(logdir=tmp_path / "eval", system_metrics=False) as s:
+        _eval_pass(model, batches, s)
+    got = scalars(tmp_path / "eval")
+    assert [st for st, _ in got["acc"]] == [1, 2, 3, 4]
+    assert [st for st, _ in got["trainkit/data_wait_ms"]] == [1, 2, 3, 4]
+    assert [st for st, _ in scalars(tmp_path / "train")["loss"]] == [1, 2, 3, 4]
+
+
+def test_training_resumed_in_a_new_session_counts_optimizer_steps(tmp_path):
+    # The same optimizer in a second session (training goes on after an evaluation session):
+    # from its first step there, steps are optimizer steps again, each batch's records with it.
+    model = mlp()
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    batches = list(loader(n=32, batch_size=8))
+    with tk.session(logdir=tmp_path / "a", system_metrics=False) as s:
+        _train_pass(model, opt, batches, s)
+    with tk.session(logdir=tmp_path / "b", system_metrics=False) as s:
+        _eval_pass(model, batches[:2], s)
+        _train_pass(model, opt, batches, s)
+        _train_pass(model, opt, batches, s)
+    got = scalars(tmp_path / "b")
+    assert [st for st, _ in got["acc"]] == [1, 2]
+    assert [st for st, _ in got["loss"]] == [3, 4, 5, 6, 7, 8, 9, 10]
+    assert [st for st, _ in got["trainkit/update_ms"]] == [3, 4, 5, 6, 7, 8, 9, 10]
+    assert [st for st, _ in got["trainkit/data_wait_ms"]] == list(range(1, 11))
+    with tk.session(logdir=tmp_path / "c", system_metrics=False) as s:  # training right away
+        _train_pass(model, opt, batches, s)
+    got = scalars(tmp_path / "c")
+    assert [st for st, _ in got["loss"]] == [st for st, _ in got["trainkit/update_ms"]] == [1, 2, 3, 4]
+    assert [st for st, _ in got["trainkit/data_wait_ms"]] == [1, 2, 3, 4]

@@ -36,8 +36,9 @@ from .techniques.transfer import ItemsCounter
 
 _ATTR = "_trainkit_patch"
 _MISSING = object()
-#: Optimizers patched in this process. While there are none, a patched loader's batches are the
-#: session's steps (an evaluation or inference loop has no optimizer to count steps).
+#: Optimizers patched in this process. While there are none (or each last stepped in another
+#: session, see :func:`stepped_elsewhere`), a patched loader's batches are the session's steps:
+#: an evaluation or inference loop has no optimizer of its own to count steps.
 _patched: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
@@ -61,6 +62,8 @@ class OptimizerPatch:
         self.undo_fused: Optional[Callable[[], None]] = None
         self._cuda: Optional[bool] = None
         self._opt = weakref.ref(opt)
+        #: the session this optimizer last stepped in (a weak reference), None before its first
+        self.session: Any = None
 
     def cuda(self) -> bool:
         if self._cuda is not None:
@@ -78,6 +81,8 @@ class OptimizerPatch:
         s = _active_session()
         if s is None:
             return self.core(*args, **kwargs)
+        if self.session is None or self.session() is not s:
+            self.session = weakref.ref(s)
         closure_ms = [0.0]
         closure = kwargs.get("closure", args[0] if args else None)
         if closure is not None:
@@ -95,9 +100,14 @@ class OptimizerPatch:
         else:
             out = self.core(*args, **kwargs)
         t1 = timing.now()
+        handoff = False
         if s._primary is None:
             s._primary = self
-        primary = s._primary is self
+            # The loader has been counting batches as steps (every patched optimizer had last
+            # stepped in another session, as around an evaluation): it counted this batch too,
+            # and from here on the steps are this optimizer's.
+            handoff, s._batches_are_steps = s._batches_are_steps, False
+        primary = s._primary is self and not handoff
         # A second optimizer (a GAN's) adds its update time to a step, and makes none. It steps
         # after the first one in an iteration: its time belongs to the step of the batch it
         # trained on (a patched loader's), else to the step the first optimizer just ended.
@@ -114,6 +124,8 @@ class OptimizerPatch:
             buf.append((CLOSURE_MS, step, closure_ms[0]))
         if primary:
             s.step_done(end)
+        elif handoff:
+            s._last_step_end = end  # the next step's time runs from this one's end
         return out
 
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:
@@ -123,6 +135,16 @@ class OptimizerPatch:
         if self.set_to_none is not None and not args and "set_to_none" not in kwargs:
             kwargs["set_to_none"] = self.set_to_none
         return self.orig_zero_grad(*args, **kwargs)
+
+
+def stepped_elsewhere(s: Any) -> bool:
+    """Whether every patched optimizer last stepped in a session other than ``s`` (and so far
+    none in ``s``): then ``s`` is an evaluation, and its loader's batches are its steps."""
+    for opt in list(_patched):
+        ref = optimizer_patch(opt).session
+        if ref is None or ref() is s:
+            return False
+    return True
 
 
 def _timed_closure(closure: Callable[[], Any], acc: list) -> Callable[[], Any]:
@@ -281,6 +303,8 @@ class PatchedLoader:
             if s is not None:
                 if s._last_step_end is None:  # the first step's time starts with its data
                     s._last_step_end = timing.cuda_event() if regions._TC._initialized else t0
+                    if patched:
+                        s._batches_are_steps = stepped_elsewhere(s)
                 step = s._batch_step = s.step
                 # The common batch, (tensor, ...), counted inline; anything else by its path.
                 if count.first and (batch.__class__ is tuple or batch.__class__ is list):
@@ -289,7 +313,7 @@ class PatchedLoader:
                 else:
                     n = count(batch)
                 s._buf.append((BATCH_REC, step, t0, t1, n))
-                if not patched:
+                if not patched or s._batches_are_steps:
                     s.step_done(timing.cuda_event() if regions._TC._initialized else t1)
             yield batch
 

@@ -110,6 +110,9 @@ class Session:
         self._batch_step: Optional[int] = None
         self._names: set = set()  # names s.log has checked (a valid name is checked once)
         self._primary: Any = None  # the first patched optimizer to step: it counts the steps
+        #: a patched loader counts its batches as steps (set at the first batch: no optimizer is
+        #: patched, or each last stepped in another session), until an optimizer steps here
+        self._batches_are_steps = False
         self._last_step_end: Any = None  # perf_counter float, or a CUDA event on a GPU
         self._closed = False
         self._on_close: List[Callable[[], None]] = []
