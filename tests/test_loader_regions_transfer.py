@@ -330,3 +330,71 @@ def test_training_resumed_in_a_new_session_counts_optimizer_steps(tmp_path):
     got = scalars(tmp_path / "c")
     assert [st for st, _ in got["loss"]] == [st for st, _ in got["trainkit/update_ms"]] == [1, 2, 3, 4]
     assert [st for st, _ in got["trainkit/data_wait_ms"]] == [1, 2, 3, 4]
+
+
+def test_evaluation_under_no_grad_counts_batches_beside_an_optimizer_not_stepped_yet(tmp_path):
+    # A patched optimizer that never stepped may be about to train; under no_grad it cannot.
+    model = mlp()
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    batches = list(loader(n=24, batch_size=8))
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        _eval_pass(model, batches, s)  # under torch.no_grad()
+        _train_pass(model, opt, batches, s)
+    got = scalars(tmp_path)
+    assert [st for st, _ in got["acc"]] == [1, 2, 3]
+    assert [st for st, _ in got["loss"]] == [st for st, _ in got["trainkit/update_ms"]] == [4, 5, 6]
+
+
+def test_training_with_a_plain_loader_after_a_patched_evaluation(tmp_path):
+    model = mlp()
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    batches = list(loader(n=32, batch_size=8))
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        _eval_pass(model, batches[:2], s)
+        for x, y in batches:  # not patched: values go under the step in progress
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            s.log("loss", loss)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    got = scalars(tmp_path)
+    assert [st for st, _ in got["acc"]] == [1, 2]
+    assert [st for st, _ in got["loss"]] == [st for st, _ in got["trainkit/update_ms"]] == [3, 4, 5, 6]
+
+
+def test_accumulating_training_after_an_evaluation_steps_once_per_window(tmp_path):
+    model = mlp()
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    batches = list(loader(n=32, batch_size=8))
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        _train_pass(model, opt, batches[:1], s)
+    with tk.session(logdir=tmp_path / "b", system_metrics=False) as s:
+        _eval_pass(model, batches[:2], s)
+        with tk.accumulate(2, opt):
+            _train_pass(model, opt, batches, s)
+    got = scalars(tmp_path / "b")
+    assert [st for st, _ in got["acc"]] == [1, 2]
+    assert [st for st, _ in got["loss"]] == [st for st, _ in got["trainkit/update_ms"]] == [3, 4]
+    assert [st for st, _ in got["trainkit/data_wait_ms"]] == [1, 2, 3, 4]
+    assert [v for _, v in got["trainkit/samples_per_s"]][-1] > 0  # two batches of 8 in step 4
+
+
+def test_a_batch_step_holds_its_wait_and_its_body_the_last_and_a_left_one_too(tmp_path):
+    # Batches as steps: a step runs from its batch's wait to the next batch's (the loop's end,
+    # or where the loop was left), so the body's time is its own batch's, not the next one's.
+    batches = [torch.zeros(4, 2)] * 3
+    with tk.session(logdir=tmp_path / "full", system_metrics=False):
+        for _ in tk.patch(batches):
+            time.sleep(0.03)
+    with tk.session(logdir=tmp_path / "left", system_metrics=False):
+        for i, _ in enumerate(tk.patch(batches)):
+            time.sleep(0.03)
+            if i == 1:
+                break
+    for run, steps in (("full", [1, 2, 3]), ("left", [1, 2])):
+        got = scalars(tmp_path / run)
+        step_ms = got["trainkit/step_time_ms"]
+        assert [st for st, _ in step_ms] == steps, run
+        assert all(30.0 <= ms < 1000 for _, ms in step_ms), (run, step_ms)
+        for (_, sps), (_, ms) in zip(got["trainkit/samples_per_s"], step_ms):
+            assert sps == pytest.approx(4 / (ms / 1e3), rel=1e-4)

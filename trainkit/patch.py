@@ -17,22 +17,21 @@ unpatched optimizer. The new ``step`` is a bound method, as LR schedulers expect
 """
 from __future__ import annotations
 
-import sys
+import importlib
 import types
 import weakref
 from typing import Any, Callable, Iterator, Optional
 
-from .session import active as _active_session
-
-# The session module itself (``trainkit.session`` the attribute is the function ``tk.session``):
-# the hot paths read ``_S._active`` instead of calling ``active()``.
-_S = sys.modules[__package__ + ".session"]
 from . import timing
 from ._text import brief
 from .recorder import BATCH_REC, CLOSURE_MS, STEP_REC, UPDATE_MS
 from .profiling import regions
 from .profiling.regions import profiler_enabled, record_function
 from .techniques.transfer import ItemsCounter
+
+# The session module itself (``trainkit.session`` the attribute is the function ``tk.session``):
+# the hot paths read ``_S._active`` instead of calling ``active()``.
+_S = importlib.import_module(__package__ + ".session")
 
 _ATTR = "_trainkit_patch"
 _MISSING = object()
@@ -75,10 +74,12 @@ class OptimizerPatch:
         return self._cuda
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
+        s = _S._active
+        if s is not None and s._batches_are_steps:
+            s.optimizer_steps_from_here()
         gate = self.gate
         if gate is not None and not gate.should_step():
             return None  # inside an accumulation window: gradients keep adding up
-        s = _active_session()
         if s is None:
             return self.core(*args, **kwargs)
         if self.session is None or self.session() is not s:
@@ -100,14 +101,9 @@ class OptimizerPatch:
         else:
             out = self.core(*args, **kwargs)
         t1 = timing.now()
-        handoff = False
         if s._primary is None:
             s._primary = self
-            # The loader has been counting batches as steps (every patched optimizer had last
-            # stepped in another session, as around an evaluation): it counted this batch too,
-            # and from here on the steps are this optimizer's.
-            handoff, s._batches_are_steps = s._batches_are_steps, False
-        primary = s._primary is self and not handoff
+        primary = s._primary is self
         # A second optimizer (a GAN's) adds its update time to a step, and makes none. It steps
         # after the first one in an iteration: its time belongs to the step of the batch it
         # trained on (a patched loader's), else to the step the first optimizer just ended.
@@ -124,8 +120,6 @@ class OptimizerPatch:
             buf.append((CLOSURE_MS, step, closure_ms[0]))
         if primary:
             s.step_done(end)
-        elif handoff:
-            s._last_step_end = end  # the next step's time runs from this one's end
         return out
 
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:
@@ -139,7 +133,7 @@ class OptimizerPatch:
 
 def stepped_elsewhere(s: Any) -> bool:
     """Whether every patched optimizer last stepped in a session other than ``s`` (and so far
-    none in ``s``): then ``s`` is an evaluation, and its loader's batches are its steps."""
+    none in ``s``): then ``s`` looks like an evaluation, and its loader's batches its steps."""
     for opt in list(_patched):
         ref = optimizer_patch(opt).session
         if ref is None or ref() is s:
@@ -288,6 +282,8 @@ class PatchedLoader:
         count = ItemsCounter()  # one per pass: it learns where this loader's items are
         patched = _patched.data  # the WeakSet's own set: empty when no optimizer is patched
         tensor = count.tensor
+        from torch import is_grad_enabled
+
         while True:
             t0 = now()
             try:
@@ -297,14 +293,20 @@ class PatchedLoader:
                 else:
                     batch = next(it)
             except StopIteration:
+                s = _S._active
+                if s is not None and s._batch_pending:
+                    s.end_batch_step(t0)
                 return
             t1 = now()
             s = _S._active
             if s is not None:
                 if s._last_step_end is None:  # the first step's time starts with its data
                     s._last_step_end = timing.cuda_event() if regions._TC._initialized else t0
-                    if patched:
-                        s._batches_are_steps = stepped_elsewhere(s)
+                    if patched:  # batches are steps when no optimizer here is going to step
+                        s._batches_are_steps = not is_grad_enabled() or stepped_elsewhere(s)
+                if s._batch_pending:  # batches are steps: the last one's ends as this wait began
+                    s._batch_pending = False
+                    s.step_done(timing.cuda_event() if regions._TC._initialized else t0)
                 step = s._batch_step = s.step
                 # The common batch, (tensor, ...), counted inline; anything else by its path.
                 if count.first and (batch.__class__ is tuple or batch.__class__ is list):
@@ -314,8 +316,14 @@ class PatchedLoader:
                     n = count(batch)
                 s._buf.append((BATCH_REC, step, t0, t1, n))
                 if not patched or s._batches_are_steps:
-                    s.step_done(timing.cuda_event() if regions._TC._initialized else t1)
-            yield batch
+                    s._batch_pending = True  # its step ends at the next wait, or the loop's end
+            try:
+                yield batch
+            except GeneratorExit:  # the loop was left early (break, an exception)
+                s = _S._active
+                if s is not None and s._batch_pending:
+                    s.end_batch_step(now())
+                raise
 
     def __len__(self) -> int:
         return len(self.source)

@@ -110,9 +110,12 @@ class Session:
         self._batch_step: Optional[int] = None
         self._names: set = set()  # names s.log has checked (a valid name is checked once)
         self._primary: Any = None  # the first patched optimizer to step: it counts the steps
-        #: a patched loader counts its batches as steps (set at the first batch: no optimizer is
-        #: patched, or each last stepped in another session), until an optimizer steps here
+        #: a patched loader counts its batches as steps: set at the session's first batch when
+        #: no optimizer here is going to step (grad mode off, or each patched one last stepped in
+        #: another session), until a patched optimizer's step() is called here
         self._batches_are_steps = False
+        #: the step of the batch last handed out, counted as a step, has not ended yet
+        self._batch_pending = False
         self._last_step_end: Any = None  # perf_counter float, or a CUDA event on a GPU
         self._closed = False
         self._on_close: List[Callable[[], None]] = []
@@ -185,6 +188,7 @@ class Session:
         if _active is self:
             _active = None
         try:
+            self.end_batch_step(timing.now())  # a pass over a patched loader still under way
             if self._profiler is not None:
                 self._profiler.close()
         finally:
@@ -225,6 +229,25 @@ class Session:
 
     def _completed(self) -> int:
         return self.step - 1
+
+    def end_batch_step(self, end: float) -> None:
+        """A pass over a patched loader whose batches are steps ended (or was left): its last
+        step ends at the host time ``end`` (a CUDA event instead once CUDA is in use), and what
+        is logged next goes under the step in progress, not under that batch's."""
+        if self._batch_pending:
+            self._batch_pending = False
+            self._batch_step = None
+            self.step_done(timing.cuda_event() if timing.cuda_in_use() else end)
+
+    def optimizer_steps_from_here(self) -> None:
+        """A patched optimizer's step() is called in a session whose batches were its steps
+        (training after an evaluation): the batch in progress, if any, is the first training
+        step, and the optimizer counts the steps from now on."""
+        self._batches_are_steps = False
+        if self._batch_pending:
+            self._batch_pending = False  # its step goes on as a training step
+        else:  # no patched loader feeds the training: its values go under the step in progress
+            self._batch_step = None
 
     def step_done(self, end: Any) -> None:
         """A real optimizer step ended at ``end`` (perf_counter, or a CUDA event)."""
