@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import collections.abc
 import time
 import types
 
@@ -214,13 +215,38 @@ class _Batch(collections.UserDict):
         self.note = note
 
 
+class _Store(collections.abc.MutableMapping):
+    """A mapping over a dict of its own, which a shallow copy would share."""
+
+    def __init__(self, data):
+        self._store = dict(data)
+
+    def __getitem__(self, k):
+        return self._store[k]
+
+    def __setitem__(self, k, v):
+        self._store[k] = v
+
+    def __delitem__(self, k):
+        del self._store[k]
+
+    def __iter__(self):
+        return iter(self._store)
+
+    def __len__(self):
+        return len(self._store)
+
+
 def test_to_device_keeps_mapping_types_and_what_they_carry(tmp_path):
     dd = collections.defaultdict(list, {"x": torch.ones(2)})
     od = collections.OrderedDict([("b", torch.ones(1)), ("a", torch.ones(3))])
     ud = _Batch({"ids": torch.ones(4, 2)}, note="kept")
     proxy = types.MappingProxyType({"p": torch.ones(1)})
+    store = _Store({"s": torch.ones(2)})
     with tk.session(logdir=tmp_path, system_metrics=False):
-        out = tk.to_device({"dd": dd, "od": od, "ud": ud, "proxy": proxy}, "meta")
+        out = tk.to_device({"dd": dd, "od": od, "ud": ud, "proxy": proxy, "store": store}, "meta")
+    assert type(out["store"]) is _Store and out["store"]["s"].device.type == "meta"
+    assert store["s"].device.type == "cpu"  # the source keeps its tensors
     assert type(out) is dict
     assert type(out["dd"]) is collections.defaultdict and out["dd"].default_factory is list
     assert out["dd"]["x"].device.type == "meta" and out["dd"]["missing"] == []
@@ -230,7 +256,7 @@ def test_to_device_keeps_mapping_types_and_what_they_carry(tmp_path):
     assert out["ud"]["ids"].device.type == "meta"
     assert ud["ids"].device.type == "cpu" and dd["x"].device.type == "cpu"  # sources untouched
     assert out["proxy"] == {"p": out["proxy"]["p"]} and out["proxy"]["p"].device.type == "meta"
-    nbytes = (2 + 1 + 3 + 8 + 1) * 4
+    nbytes = (2 + 1 + 3 + 8 + 1 + 2) * 4
     ms = scalars(tmp_path)["trainkit/h2d_ms"][0][1]
     assert scalars(tmp_path)["trainkit/h2d_GBps"][0][1] == pytest.approx(nbytes / (ms / 1e3) / 1e9, rel=1e-3)
 

@@ -1,6 +1,7 @@
 """The session recorder: event files read back, lazy logging, bad input, lifecycle."""
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -153,7 +154,14 @@ def test_numpy_scalars_and_one_element_arrays_are_logged(tmp_path):
         s.log("one", np.array([[4]], dtype=np.int64))
         s.log("f32", np.float32(0.25))
         s.log("plain_bool", False)
+        s.log("at", 7.0, step=np.int64(3))
+        s.log("huge", 10 ** 400)
+        with pytest.raises(TypeError, match="value must be a real number"):
+            s.log("x", np.timedelta64(1, "D"))
+        with pytest.raises(ValueError, match="step must be a non-negative int"):
+            s.log("x", 1.0, step=np.float64(2.0))
     got = scalars(tmp_path)
+    assert got["at"] == [(3, 7.0)] and got["huge"] == [(1, math.inf)]
     assert (got["flag"], got["zero_d"], got["one"], got["f32"], got["plain_bool"]) == \
         ([(1, 1.0)], [(1, 2.5)], [(1, 4.0)], [(1, 0.25)], [(1, 0.0)])
 

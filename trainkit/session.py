@@ -171,9 +171,11 @@ class Session:
                 self._names.add(name)
         if step is None:
             step = self.step if self._batch_step is None else self._batch_step
-        elif isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"log(step={step!r}): step must be a non-negative int or None "
+        elif isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+            raise ValueError(f"log(step={brief(step)}): step must be a non-negative int or None "
                              f"(None files it under the current optimizer step)")
+        else:
+            step = int(step)  # a numpy integer too
         if type(value) is float:
             self._buf.append((name, step, value))
         else:
@@ -312,7 +314,7 @@ def _scalar(name: str, value: Any) -> Any:
         # tensor) also frees the autograd graph the loss still holds.
         return value.item()
     if isinstance(value, numbers.Real):
-        return float(value)
+        return _real(name, value)
     size = getattr(value, "size", None)  # a numpy scalar (np.bool_ too) or array, and the like
     if isinstance(size, int) and callable(getattr(value, "item", None)):
         if size != 1:
@@ -320,9 +322,20 @@ def _scalar(name: str, value: Any) -> Any:
                              f"scalars can be logged; reduce it first, e.g. s.log({name!r}, a.mean())")
         item = value.item()
         if isinstance(item, numbers.Real):
-            return float(item)
+            return _real(name, item)
     raise TypeError(f"log({name!r}, {brief(value)}): value must be a real number or a one-element "
                     f"tensor or array, e.g. s.log({name!r}, loss)")
+
+
+def _real(name: str, value: Any) -> float:
+    """A real number as the float written: past float's range it is +-inf, as past float32's."""
+    try:
+        return float(value)
+    except OverflowError:  # an int such as 10**400
+        return math.inf if value > 0 else -math.inf
+    except (TypeError, ValueError):  # a "real" that is no number to draw (np.timedelta64)
+        raise TypeError(f"log({name!r}, {brief(value)}): value must be a real number or a "
+                        f"one-element tensor or array, e.g. s.log({name!r}, loss)") from None
 
 
 def _check_profile(profile: Any) -> Any:

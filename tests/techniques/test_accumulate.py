@@ -78,25 +78,55 @@ def test_clipping_by_hand_inside_the_window_differs_from_the_big_batch():
     assert max_rel_err(m, oracle) > 1e-3
 
 
-def test_clip_grad_norm_under_a_users_grad_scaler_sees_the_unscaled_gradient():
-    base = model64().float()
-    data = [(x.float(), y.float()) for x, y in batches([5] * 8)]
+def test_clip_grad_norm_under_a_grad_scaler_sees_the_unscaled_gradient():
+    # fp16 autocast on the CPU leaves float64 ops alone, so the GradScaler (scale 1024) is the one
+    # difference from the oracle: each window (4, 4, 2) is unscaled, divided, then clipped.
+    base = model64()
+    data = batches([5] * 10)
     oracle = big_batch_oracle(base, OPTS["sgd"], data, 4, clip=0.05)
     m = copy.deepcopy(base)
     opt = OPTS["sgd"](m.parameters())
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    norms = []
     with tk.accumulate(4, opt, clip_grad_norm=0.05) as acc:
         for x, y in data:
-            with tk.autocast_scaled(scaler, dtype="fp32") as amp:
+            with tk.autocast_scaled(scaler, dtype="fp16") as amp:
                 loss = torch.nn.functional.mse_loss(m(x), y)
+            assert amp._scaling()
             amp.backward(loss)
             amp.step(opt)
+            if acc.micro_batches == 0:
+                norms.append(acc.grad_norm.item())
             opt.zero_grad()
-    assert acc.steps == 2 and amp.skipped == 0
-    assert max_rel_err(m, oracle) < 1e-5
+    norms.append(acc.grad_norm.item())
+    assert acc.steps == 3 and amp.skipped == 0
+    assert max_rel_err(m, oracle) < 1e-10
+    assert all(0.05 < n < 10 for n in norms), norms  # the true norms, not 1024x them
 
 
-@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "1.0"])
+def test_users_scaler_step_at_window_ends_is_refused():
+    # Stepping the user's GradScaler only at a window's end still breaks: a skipped step never
+    # closes the window, and the exit's step of a partial window would use scaled gradients.
+    m = model64()
+    opt = OPTS["sgd"](m.parameters())
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    x, y = batches([5])[0]
+    with pytest.raises(RuntimeError, match=r"even at a window's end.*amp\.step"):
+        with tk.accumulate(2, opt) as acc:
+            for _ in range(3):
+                scaler.scale(torch.nn.functional.mse_loss(m(x), y)).backward()
+                if acc.boundary:
+                    scaler.step(opt)
+                    scaler.update()
+                else:
+                    opt.step()
+                opt.zero_grad()
+    assert acc.steps == 0
+    tk.unpatch(opt)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "1.0", 2 ** 1024,
+                                 torch.tensor([1.0, 2.0]), torch.tensor(1), None.__class__])
 def test_clip_grad_norm_must_be_a_positive_number(bad):
     m = model64()
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
@@ -113,6 +143,16 @@ def test_clip_grad_norm_must_be_a_positive_number(bad):
     assert all(torch.equal(a, p) for a, p in zip(before, m.parameters()))
 
 
+def test_clip_grad_norm_takes_numpy_numbers_and_a_tensor():
+    import numpy as np
+
+    for max_norm in (np.float32(0.25), np.int64(1), torch.tensor(0.25)):
+        opt = OPTS["sgd"](model64().parameters())
+        with tk.accumulate(2, opt, clip_grad_norm=max_norm) as acc:
+            assert acc.clip_grad_norm == float(max_norm) and type(acc.clip_grad_norm) is float
+        tk.unpatch(opt)
+
+
 def test_clip_in_both_accumulate_and_amp_step_is_refused():
     m = model64()
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
@@ -125,6 +165,27 @@ def test_clip_in_both_accumulate_and_amp_step_is_refused():
         assert acc.micro_batches == 0
         opt.zero_grad()
     tk.unpatch(opt)
+
+
+def test_items_forgotten_is_refused_before_the_window_changes():
+    # The window's end finds no items: refused with nothing divided, so counting them and
+    # stepping again gives the oracle's step.
+    base = model64()
+    data = batches([3, 7])
+    oracle = big_batch_oracle(base, OPTS["sgd"], data, 2, reduction="items")
+    m = copy.deepcopy(base)
+    opt = OPTS["sgd"](m.parameters())
+    with tk.accumulate(2, opt, normalize="items") as acc:
+        for x, y in data:
+            torch.nn.functional.mse_loss(m(x), y, reduction="sum").backward()
+            if acc.boundary:
+                with pytest.raises(ValueError, match="no items were counted"):
+                    opt.step()
+                acc.add_items(10)
+            opt.step()
+            opt.zero_grad()
+    assert acc.steps == 1
+    assert max_rel_err(m, oracle) < 1e-10
 
 
 def test_items_normalisation_with_uneven_micro_batches():

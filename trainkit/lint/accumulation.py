@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from typing import Iterator, Optional, Tuple
 
-from trainkit.lint._core import FileContext, TrainingLoop, dotted, find_modulo, method_name
+from trainkit.lint._core import FileContext, TrainingLoop, find_modulo, method_name
 from trainkit.lint._loss import (backward_operand, late_normalisation, loss_name, normalisation_before,
                                  normalised_before)
 from trainkit.lint._registry import Hit, rule
@@ -148,8 +148,10 @@ def _tk_accumulate_block(ctx: FileContext, node: ast.AST) -> Optional[ast.Call]:
 def check_clip_inside_accumulate(ctx: FileContext) -> Iterator[Hit]:
     """Flag ``clip_grad_norm_(...)`` run inside ``with tk.accumulate(...)``."""
     for call in ctx.calls:
-        target = call.func.attr if isinstance(call.func, ast.Attribute) else dotted(call.func)
-        if target != "clip_grad_norm_":
+        # through the imports: `from torch.nn.utils import clip_grad_norm_ as clip` too, and the
+        # deprecated clip_grad_norm; a method (FSDP1's model.clip_grad_norm_) by its name
+        target = (ctx.qualname(call.func) or "").rsplit(".", 1)[-1]
+        if target not in ("clip_grad_norm_", "clip_grad_norm"):
             continue
         block = _tk_accumulate_block(ctx, call)
         if block is None:

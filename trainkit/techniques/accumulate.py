@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import sys
 import warnings
 from typing import Any, Callable, Iterator, List, Literal, Optional
@@ -61,21 +62,30 @@ def _check(n: Any, optimizer: Any, model: Any, normalize: Any, clip_grad_norm: A
                          f"accumulate({gate.n}, ...); nest nothing, use one accumulate block")
 
 
-def check_clip(max_norm: Any, call: str) -> None:
-    """Refuse a ``clip_grad_norm`` that is not a finite number > 0 (a negative one flips the
-    gradients, a NaN makes them NaN) or None."""
+def check_clip(max_norm: Any, call: str) -> Optional[float]:
+    """``max_norm`` as a float, refusing what is not a finite number > 0 (a negative one flips the
+    gradients, a NaN makes them NaN); None stays None (no clipping)."""
     if max_norm is None:
-        return
-    if (isinstance(max_norm, bool) or not isinstance(max_norm, (int, float))
-            or not math.isfinite(max_norm) or max_norm <= 0):
-        raise ValueError(f"{call}: clip_grad_norm={max_norm!r} is not a max norm; pass a finite "
-                         f"number > 0 (or None: no clipping), e.g. clip_grad_norm=1.0")
+        return None
+    value = math.nan
+    if isinstance(max_norm, numbers.Real) and not isinstance(max_norm, bool):
+        try:
+            value = float(max_norm)
+        except OverflowError:  # an int past float's range
+            value = math.inf
+    elif type(max_norm).__name__ == "Tensor" and max_norm.numel() == 1 \
+            and max_norm.dtype.is_floating_point:
+        value = float(max_norm)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{call}: clip_grad_norm={brief(max_norm)} is not a max norm; pass a "
+                         f"finite number > 0 (or None: no clipping), e.g. clip_grad_norm=1.0")
+    return value
 
 
 def _is_user_scaler_step() -> bool:
     """True when an enabled GradScaler's ``step`` is what called ``optimizer.step()``.
 
-    Walks a few frames up (cheap: only done on non-boundary micro-batches).
+    Walks a few frames up (~1 us: done on non-boundary micro-batches, and once a real step).
     """
     f = sys._getframe(2)
     for _ in range(8):
@@ -104,7 +114,7 @@ class Accumulator:
         self.optimizer = optimizer
         self.model = model
         self.normalize: Normalize = normalize
-        self.clip_grad_norm = None if clip_grad_norm is None else float(clip_grad_norm)
+        self.clip_grad_norm = check_clip(clip_grad_norm, f"accumulate({n}, optimizer, ...)")
         #: the total gradient norm of the last real step, before clipping (a tensor, not read:
         #: reading it on a GPU would wait for it); None without ``clip_grad_norm``.
         self.grad_norm: Any = None
@@ -118,6 +128,7 @@ class Accumulator:
         self._warned_divided = False
         #: set by ``amp.step``: performs the window's step through the GradScaler.
         self.amp_step: Optional[Callable[[], Any]] = None
+        self._amp_stepping = False  # amp.step's own scaler.step is under way
 
     # -- public --------------------------------------------------------------------------------
     @property
@@ -157,6 +168,16 @@ class Accumulator:
             self.micro_batches += 1
             self._unsynced = self._sync_off()
             return False
+        if self.n > 1 and not self._amp_stepping and _is_user_scaler_step():
+            # Only at the window's end, yet still wrong: a step GradScaler skips (inf/nan) never
+            # reaches this gate, so the window would stay open with the inf in it for good, and
+            # a partial last window, stepped on exit, would step on scaled gradients.
+            raise RuntimeError(
+                f"scaler.step(optimizer) inside tk.accumulate({self.n}, ...), even at a window's "
+                f"end: a step GradScaler skips (inf/nan gradients) is one trainkit cannot see, so "
+                f"the window would never close, and the exit's step of a partial last window "
+                f"would use scaled gradients. Use amp.step(optimizer) from "
+                f"`with tk.autocast_scaled(scaler) as amp` at every micro-batch")
         self.prepare()
         if self.clip_grad_norm is not None:
             self.clip()
@@ -171,14 +192,14 @@ class Accumulator:
         """Sync (partial last window under DDP) and divide the window's gradients, once."""
         if self._prepared:
             return
+        if self.normalize == "items" and self.items <= 0:  # before anything is synced or divided
+            raise ValueError(f"accumulate(normalize='items'): no items were counted in this "
+                             f"window (acc.items={self.items!r}); call acc.add_items(k) "
+                             f"once per micro-batch, e.g. acc.add_items(y.numel())")
         self._prepared = True
         grads = _grads(self.optimizer)
         world = dp.manual_allreduce(grads, self.model) if self._force and self._unsynced else None
         if self.normalize == "items":
-            if self.items <= 0:
-                raise ValueError(f"accumulate(normalize='items'): no items were counted in this "
-                                 f"window (acc.items={self.items!r}); call acc.add_items(k) "
-                                 f"once per micro-batch, e.g. acc.add_items(y.numel())")
             divisor = dp.global_items(self.items, grads, self.model)
         else:
             # The boundary call itself is not counted yet (the exit's step is no micro-batch).

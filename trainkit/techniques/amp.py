@@ -84,7 +84,7 @@ class Amp:
 
             amp.backward(loss); amp.step(optimizer, clip_grad_norm=1.0); optimizer.zero_grad()
         """
-        check_clip(clip_grad_norm, "amp.step(optimizer, ...)")
+        clip_grad_norm = check_clip(clip_grad_norm, "amp.step(optimizer, ...)")
         gate = getattr(optimizer_patch(optimizer), "gate", None)
         if clip_grad_norm is not None and getattr(gate, "clip_grad_norm", None) is not None:
             raise ValueError(f"amp.step(optimizer, clip_grad_norm={clip_grad_norm!r}) inside "
@@ -116,7 +116,13 @@ class Amp:
         if not scaling:
             optimizer.step()
             return True
-        stepped = _step_watched(self.scaler, optimizer)
+        if gate is not None and hasattr(gate, "amp_step"):
+            gate._amp_stepping = True  # this scaler.step is amp.step's, not the user's
+        try:
+            stepped = _step_watched(self.scaler, optimizer)
+        finally:
+            if gate is not None and hasattr(gate, "amp_step"):
+                gate._amp_stepping = False
         self.scaler.update()
         if not stepped:
             _skipped[self.scaler] = self.skipped + 1

@@ -7,6 +7,7 @@ that share is what ``tk.analyze`` reports as "pageable host-to-device copies".
 """
 from __future__ import annotations
 
+import collections
 import copy
 from collections.abc import Mapping
 from typing import Any, List, Optional
@@ -54,12 +55,16 @@ def _move(obj: Any, device: Any, non_blocking: Optional[bool], acc: list) -> Any
         moved = {k: _move(v, device, non_blocking, acc) for k, v in obj.items()}
         if type(obj) is dict:
             return moved
-        try:  # a copy keeps the type and what it carries (a defaultdict's factory, attributes)
-            out = copy.copy(obj)
-            for k, v in moved.items():
-                out[k] = v
-            return out
-        except Exception:  # an immutable or uncopyable mapping: its items as a dict
+        try:
+            if isinstance(obj, (dict, collections.UserDict)):
+                # A copy keeps the type and what it carries (a defaultdict's factory, attributes);
+                # its items are its own (a UserDict copies its data).
+                out = copy.copy(obj)
+                for k, v in moved.items():
+                    out[k] = v
+                return out
+            return type(obj)(moved)  # a copy of any other mapping may share its storage
+        except Exception:  # an immutable, or otherwise built, mapping: its items as a dict
             return moved
     return obj  # ints, strings, None...: left as they are
 
