@@ -313,3 +313,38 @@ def test_a_value_that_cannot_be_resolved_is_left_out_alone(tmp_path):
             s.log("later", 4.0)
     got = scalars(tmp_path)
     assert got["kept"] == [(1, 3.0)] and got["later"] == [(2, 4.0)] and "odd" not in got
+
+
+def test_records_and_the_writer_stay_out_of_the_older_gc_generations(tmp_path):
+    """A run records thousands of steps between two writes: the records must be untracked by
+    the GC once it sees them, and writing them must not hold them all as containers at once
+    (promoted by the ten thousand, they brought on full collections that stalled training)."""
+    import gc
+
+    model = mlp()
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    batches = list(loader(n=64, batch_size=8))
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        rec = s._recorder
+        with rec._lock:  # the writer thread waits: the records stay in the buffer
+            for _ in range(250):  # 2000 steps
+                for x, y in tk.patch(batches):
+                    with tk.profile_region("forward"):
+                        loss = torch.nn.functional.cross_entropy(model(x), y)
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad()
+                    s.log("loss", loss)
+            assert len(rec.buf) >= 2000 * 4
+            gc.collect(0)  # (it records its own time under step 2001, after it ran)
+            assert not [r for r in rec.buf if r[1] <= 2000 and gc.is_tracked(r)][:3]
+            collections = []
+            gc.callbacks.append(lambda phase, info: collections.append(info["generation"])
+                                if phase == "start" else None)
+            try:
+                rec.flush(final=False)
+            finally:
+                gc.callbacks.pop()
+            assert len(collections) <= 1, collections
+    tk.unpatch(opt)
+    assert [st for st, _ in scalars(tmp_path)["loss"]] == list(range(1, 2001))

@@ -41,23 +41,17 @@ H2D_PINNED_BYTES = "\0h2d_pinned_bytes"
 STEP_END = "\0t"
 
 
-class _Compound:
-    """The tag of a compound record: an object, not a str, so no logged name can be taken for it."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"<compound record {self.name}>"
-
-
 # Compound records, one per event on the hot path, taken apart by the writer:
 #   (STEP_REC, step, update_start, end, previous_end): update_ms, step_time_ms and the step's end;
 #   (BATCH_REC, step, wait_start, wait_end, items or None): data_wait_ms and the items it brought.
-STEP_REC = _Compound("step")
-BATCH_REC = _Compound("batch")
+# Their tags are NUL-prefixed strs too (s.log refuses such names), and the writer tells them by
+# identity. Every record holds atomic values only (str, int, float, None): Python's GC untracks
+# such a tuple at its first collection, so the records waiting in the buffer (seconds' worth)
+# never reach the older generations. A record holding any other object (an object as its tag)
+# stays tracked; promoted by the thousand, the records then brought on full collections that cost
+# the training thread ~10 us a step.
+STEP_REC = "\0step"
+BATCH_REC = "\0batch"
 
 # Time spent and counts add up over a step (several micro-batches, several copies, the several
 # closure calls of LBFGS); anything else a step records more than once is averaged (the losses
@@ -107,7 +101,7 @@ class Recorder:
         self._sample = sample
         self._sample_secs = sample_secs
         self._next_sample = 0.0
-        self._open: Dict[int, Dict[str, List[Any]]] = {}
+        self._open: Dict[int, Dict[str, Any]] = {}  # step -> tag -> value, or a list of them
         self._lock = threading.RLock()  # re-entrant: a SIGTERM handler may flush mid-flush
         self._wake = threading.Event()
         self._stop = False
@@ -144,46 +138,77 @@ class Recorder:
         ``slack``: how many of the last completed steps to keep back for a later write.
 
         This runs in the writer thread while the training thread waits for the GIL now and then,
-        so it is written for speed: one pass over the records, floats taken as they are.
+        so it is written for speed: one pass over the records, floats taken as they are, and a
+        step written as soon as a later step's record shows up (records come in step order but
+        for a few late ones). Holding every step of the pass at once instead (seconds of steps,
+        a dict and a list per tag each) had Python's GC promote them by the ten thousand, which
+        brought on full collections costing the training thread ~10-20 us a step.
         """
         with self._lock:
             # Read before taking records: every record of a step up to here is in the buffer.
             completed = self.completed() - slack
             buf, opened = self.buf, self._open
             pop = buf.popleft
+            add: Any = {}.setdefault
             for _ in range(len(buf)):
                 rec = pop()
                 tag, step = rec[0], rec[1]
                 tags = opened.get(step)
                 if tags is None:
+                    if opened:  # the steps before this one may be complete: written now
+                        self._write_steps(completed, final, below=step)
                     tags = opened[step] = {}
+                    add = tags.setdefault
+                elif add.__self__ is not tags:
+                    add = tags.setdefault
+                # A tag's first value in a step is stored as it is, a second one (rarer) turns
+                # it into a list (_add). The values computed here are new floats, so setdefault
+                # (one C call) tells by identity whether it stored them; a recorded value may be
+                # a shared object (a small int, a float logged twice), so it is looked up.
                 if tag is STEP_REC:
-                    _add(tags, UPDATE_MS, (rec[3] - rec[2]) * 1e3)
-                    _add(tags, STEP_END, rec[3])
+                    v = (rec[3] - rec[2]) * 1e3
+                    if add(UPDATE_MS, v) is not v:
+                        _add(tags, UPDATE_MS, v)
+                    v = rec[3]
+                    if add(STEP_END, v) is not v:
+                        _add(tags, STEP_END, v)
                     if type(rec[4]) is float:
-                        _add(tags, STEP_TIME, (rec[3] - rec[4]) * 1e3)
+                        v = (rec[3] - rec[4]) * 1e3
+                        if add(STEP_TIME, v) is not v:
+                            _add(tags, STEP_TIME, v)
                 elif tag is BATCH_REC:
-                    _add(tags, DATA_WAIT, (rec[3] - rec[2]) * 1e3)
+                    v = (rec[3] - rec[2]) * 1e3
+                    if add(DATA_WAIT, v) is not v:
+                        _add(tags, DATA_WAIT, v)
                     if rec[4] is not None:
-                        _add(tags, ITEMS, float(rec[4]))
-                else:
+                        v = float(rec[4])
+                        if add(ITEMS, v) is not v:
+                            _add(tags, ITEMS, v)
+                elif tag in tags:
                     _add(tags, tag, rec[2])
-            write = self.writer.write_scalars
-            for step in sorted(opened):
-                if not final and step > completed:
-                    break
-                tags = opened[step]
-                combined = _combine_step(tags, final)
-                if combined is None:
-                    break  # the GPU has not got there yet; keep steps in order
-                end = combined.get(STEP_END)
-                wall = None if end is None else self._wall0 + (end - self._perf0)
-                write(step=step, values=derive(combined), wall_time=wall)
-                del opened[step]
+                else:
+                    tags[tag] = rec[2]
+            self._write_steps(completed, final)
             if self._sample is not None and (final or timing.now() >= self._next_sample):
                 self._next_sample = timing.now() + self._sample_secs
-                write(step=self.completed(), values=self._sample())
+                self.writer.write_scalars(step=self.completed(), values=self._sample())
             self.writer.flush()
+
+    def _write_steps(self, completed: int, final: bool, below: Optional[int] = None) -> None:
+        """Write the open steps in order, up to ``completed`` (all when ``final``) and below
+        ``below``; stop at the first whose GPU values are not ready (steps stay in order)."""
+        opened = self._open
+        write = self.writer.write_scalars
+        for step in sorted(opened):
+            if (below is not None and step >= below) or (not final and step > completed):
+                break
+            combined = _combine_step(opened[step], final)
+            if combined is None:
+                break  # the GPU has not got there yet; keep steps in order
+            end = combined.get(STEP_END)
+            wall = None if end is None else self._wall0 + (end - self._perf0)
+            write(step=step, values=derive(combined), wall_time=wall)
+            del opened[step]
 
     def close(self) -> None:
         """Stop the thread, write everything recorded, close the file. Idempotent."""
@@ -201,21 +226,25 @@ class Recorder:
 _NUMBER = (int, float)
 
 
-def _add(tags: Dict[str, List[Any]], tag: str, value: Any) -> None:
-    values = tags.get(tag)
-    if values is None:
-        tags[tag] = [value]
-    else:
+def _add(tags: Dict[str, Any], tag: str, value: Any) -> None:
+    """File one more ``value`` under ``tag`` (the first one is stored as it is: a list per tag
+    and step would be a GC-tracked object each): the values become a list."""
+    values = tags[tag]
+    if values.__class__ is list:
         values.append(value)
+    else:
+        tags[tag] = [values, value]
 
 
-def _combine_step(tags: Dict[str, List[Any]], final: bool) -> Optional[Dict[str, float]]:
+def _combine_step(tags: Dict[str, Any], final: bool) -> Optional[Dict[str, float]]:
     """``tag -> value`` of one step, or None when a GPU value is not ready (and not ``final``)."""
     out: Dict[str, float] = {}
     for tag, values in tags.items():
-        if len(values) == 1 and type(values[0]) is float:
-            out[tag] = values[0]
+        if values.__class__ is float:
+            out[tag] = values
             continue
+        if values.__class__ is not list:
+            values = [values]
         if not final:
             for v in values:
                 if not isinstance(v, _NUMBER) and not v.ready():

@@ -14,13 +14,10 @@ import os
 import socket
 import struct
 import time
-from typing import IO, Any, Dict, Mapping, Optional
+from typing import IO, Any, Dict, Mapping, Optional, Tuple
 
 try:  # the fast path: a C implementation
-    import google_crc32c as _crc
-
-    def _crc32c(data: bytes) -> int:
-        return _crc.value(data)
+    from google_crc32c import value as _crc32c
 
 except ImportError:  # pragma: no cover - exercised on machines without the wheel
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c as _crc32c
@@ -34,6 +31,11 @@ def masked_crc32c(data: bytes) -> int:
     """The CRC TensorBoard's record reader checks (TFRecord's masked CRC32C)."""
     x = _crc32c(data) & 0xFFFFFFFF
     return (((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _masked_crc_bytes(data: bytes) -> bytes:
+    x = _crc32c(data) & 0xFFFFFFFF
+    return _pack_crc((((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
 
 
 # -- scalar events, encoded by hand --------------------------------------------------------------
@@ -81,12 +83,33 @@ def _float32(v: float) -> bytes:
         return _pack_float(math.copysign(math.inf, v))
 
 
+# The tags of a step repeat from step to step: per tuple of tags, one Struct packs the whole
+# Summary (each tag's bytes, then its float) in one call, and its length is known.
+_layouts: Dict[Tuple[str, ...], Tuple[Any, bytes, Tuple[bytes, ...]]] = {}
+
+
+def _layout(tags: Tuple[str, ...]) -> Tuple[Any, bytes, Tuple[bytes, ...]]:
+    layout = _layouts.get(tags)
+    if layout is None:
+        prefixes = tuple(_prefix(tag) for tag in tags)
+        packer = struct.Struct("<" + "".join(f"{len(p)}sf" for p in prefixes))
+        layout = (packer.pack, b"\x2a" + _varint(packer.size), prefixes)
+        if len(_layouts) < 10_000:
+            _layouts[tags] = layout
+    return layout
+
+
 def encode_scalars(step: int, values: Mapping[str, float], wall_time: float) -> bytes:
     """The serialized ``Event`` holding ``values`` as ``simple_value`` scalars at ``step``."""
-    summary = b"".join([_prefix(tag) + _float32(v) for tag, v in values.items()])
+    pack, head, prefixes = _layout(tuple(values))
+    try:  # each tag's bytes, then its float
+        summary = pack(*itertools.chain.from_iterable(zip(prefixes, values.values())))
+    except (OverflowError, struct.error):  # a value past float32 (+-inf), or no float at all
+        summary = b"".join([_prefix(tag) + _float32(v) for tag, v in values.items()])
+        head = b"\x2a" + _varint(len(summary))
     # proto3 leaves a zero step out; so do we, to stay byte-identical to the protobuf library.
     return (b"\x09" + _pack_double(wall_time) + (b"\x10" + _varint(step) if step else b"")
-            + b"\x2a" + _varint(len(summary)) + summary)
+            + head + summary)
 
 
 class EventFileWriter:
@@ -119,8 +142,8 @@ class EventFileWriter:
         if self._file is None:
             raise ValueError(f"event file {self.path!r} is closed; open a new session to write again")
         header = _pack_len(len(data))
-        self._file.write(header + _pack_crc(masked_crc32c(header)) + data
-                         + _pack_crc(masked_crc32c(data)))
+        self._file.write(b"".join((header, _masked_crc_bytes(header), data,
+                                   _masked_crc_bytes(data))))
 
     def write_scalars(self, *, step: int, values: Mapping[str, float],
                       wall_time: Optional[float] = None) -> None:
