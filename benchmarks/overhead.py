@@ -14,6 +14,13 @@ Four variants of the same loop, timed one after another in each round (in a rand
            the step, the loss; not the data wait, items or step count), so its ratio is about the
            least that recording them costs per step on this machine, whatever does the recording.
 
+Background work is counted where it comes from: a trainkit round ends with ``s.flush()``, which
+does the writer thread's work for the round's steps (turning records into events, writing them)
+inside the round's time, and a "by hand" round ends with ``SummaryWriter.flush()``. In a run that
+work is done by a thread that takes the GIL from the training thread, so it costs the run about as
+much (less what overlaps with torch's GIL-free compute); left to the thread's own clock, it would
+land in whichever variant's round happened to be running, and the medians would hide it.
+
 Per round, each variant's time per step is divided by plain's; the printed ratio is the median of
 those per-round ratios (drift between rounds cancels) with a bootstrap 95% confidence interval,
 pooled over several fresh processes (a ratio moves between processes by more than within one).
@@ -130,6 +137,7 @@ def make_variants(make_model: Callable[[], torch.nn.Module], batches: List, s,
 
     def trainkit():
         trainkit_loop(m_tk, opt_tk, crit, loader_tk, s)
+        s.flush()  # the writer's work for these steps, inside their time (see the docstring)
 
     from torch.utils.tensorboard import SummaryWriter
 
@@ -152,6 +160,7 @@ def make_variants(make_model: Callable[[], torch.nn.Module], batches: List, s,
             counter[0] += 1
             writer.add_scalar("loss", loss.item(), counter[0])
             writer.add_scalar("step_time_ms", (time.perf_counter() - t0) * 1e3, counter[0])
+        writer.flush()  # its writer thread's work for these steps, inside their time
 
     locks = (threading.Lock(), threading.Lock(), threading.Lock())
     records: list = []
