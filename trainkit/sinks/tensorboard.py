@@ -34,8 +34,7 @@ def masked_crc32c(data: bytes) -> int:
 
 
 def _masked_crc_bytes(data: bytes) -> bytes:
-    x = _crc32c(data) & 0xFFFFFFFF
-    return _pack_crc((((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
+    return _pack_crc(masked_crc32c(data))
 
 
 # -- scalar events, encoded by hand --------------------------------------------------------------
