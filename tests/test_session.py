@@ -315,6 +315,42 @@ def test_a_value_that_cannot_be_resolved_is_left_out_alone(tmp_path):
     assert got["kept"] == [(1, 3.0)] and got["later"] == [(2, 4.0)] and "odd" not in got
 
 
+class _Pending:
+    """A stand-in for a GPU value (timing.PendingInterval): ready when told; its event goes back
+    to a pool on release, so reading it after a release would read another record's time."""
+
+    def __init__(self, v, ready=True):
+        self.v, self.is_ready, self.released = v, ready, 0
+
+    def ready(self):
+        return self.is_ready
+
+    def value(self, wait=False):
+        assert self.released == 0, "read after its release"
+        return self.v
+
+    def release(self):
+        self.released += 1
+
+
+def test_a_step_waiting_for_the_gpu_releases_nothing_until_all_its_values_are_ready(tmp_path):
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        rec = s._recorder
+        with rec._lock:
+            early, late = _Pending(1.5), _Pending(2.5, ready=False)
+            s.record("a_early", early)
+            s.record("b_late", late)
+            s.step_done(time.perf_counter())
+            s.step_done(time.perf_counter())
+            rec.flush(final=False)  # step 1 waits for b_late: nothing of it is resolved yet
+            assert early.released == 0 and late.released == 0
+            late.is_ready = True
+            rec.flush(final=False)
+            assert early.released == 1 and late.released == 1
+    got = scalars(tmp_path)
+    assert got["a_early"] == [(1, 1.5)] and got["b_late"] == [(1, 2.5)]
+
+
 def test_records_and_the_writer_stay_out_of_the_older_gc_generations(tmp_path):
     """A run records thousands of steps between two writes: the records must be untracked by
     the GC once it sees them, and writing them must not hold them all as containers at once

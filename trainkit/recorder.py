@@ -238,6 +238,12 @@ def _add(tags: Dict[str, Any], tag: str, value: Any) -> None:
 
 def _combine_step(tags: Dict[str, Any], final: bool) -> Optional[Dict[str, float]]:
     """``tag -> value`` of one step, or None when a GPU value is not ready (and not ``final``)."""
+    if not final:  # every value first: a pending one is released once read, so none is read
+        for values in tags.values():  # before all of the step's are ready
+            if values.__class__ is not float:
+                for v in (values if values.__class__ is list else (values,)):
+                    if not isinstance(v, _NUMBER) and not v.ready():
+                        return None
     out: Dict[str, float] = {}
     for tag, values in tags.items():
         if values.__class__ is float:
@@ -245,10 +251,6 @@ def _combine_step(tags: Dict[str, Any], final: bool) -> Optional[Dict[str, float
             continue
         if values.__class__ is not list:
             values = [values]
-        if not final:
-            for v in values:
-                if not isinstance(v, _NUMBER) and not v.ready():
-                    return None
         try:
             resolved = []
             for v in values:
