@@ -424,3 +424,22 @@ def test_a_batch_step_holds_its_wait_and_its_body_the_last_and_a_left_one_too(tm
         assert all(30.0 <= ms < 1000 for _, ms in step_ms), (run, step_ms)
         for (_, sps), (_, ms) in zip(got["trainkit/samples_per_s"], step_ms):
             assert sps == pytest.approx(4 / (ms / 1e3), rel=1e-4)
+
+
+def test_an_optimizer_patched_inside_the_loop_takes_the_batch_in_progress(tmp_path):
+    # No optimizer was patched at the first batch, so it was counted as a step; the optimizer
+    # patched (lazily) in that iteration makes it a training step: no phantom step.
+    model = mlp()
+    opt = None
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        for i, (x, y) in enumerate(tk.patch(list(loader(n=32, batch_size=8)))):
+            if opt is None:
+                opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            s.log("loss", float(i))
+    got = scalars(tmp_path)
+    assert got["loss"] == [(1, 0.0), (2, 1.0), (3, 2.0), (4, 3.0)]
+    assert [st for st, _ in got["trainkit/update_ms"]] == [1, 2, 3, 4]
+    assert [st for st, _ in got["trainkit/step_time_ms"]] == [1, 2, 3, 4]

@@ -384,3 +384,65 @@ def test_records_and_the_writer_stay_out_of_the_older_gc_generations(tmp_path):
             assert len(collections) <= 1, collections
     tk.unpatch(opt)
     assert [st for st, _ in scalars(tmp_path)["loss"]] == list(range(1, 2001))
+
+
+class _SlowSGD(torch.optim.SGD):
+    def step(self, closure=None):
+        time.sleep(0.005)
+        return super().step(closure)
+
+
+def _one_event_per_step(logdir):
+    """``tag -> [(step, value)]``, checking that no tag has two events at one step."""
+    got = scalars(logdir)
+    for tag, points in got.items():
+        steps = [st for st, _ in points]
+        assert len(steps) == len(set(steps)), (tag, steps)
+    return got
+
+
+@pytest.mark.parametrize("log_every", [1, 1000])
+def test_records_filed_out_of_step_order_still_make_one_event_per_step(tmp_path, log_every):
+    # Records do not come in step order: a region after D's optimizer.step() goes under the
+    # next step, while G's update (a second optimizer) and the loss logged after it go under
+    # the batch's. Each step is still one event, its update_ms D's and G's together.
+    D, G = torch.nn.Linear(4, 1), torch.nn.Linear(4, 4)
+    od = tk.patch(torch.optim.SGD(D.parameters(), lr=0.01))
+    og = tk.patch(_SlowSGD(G.parameters(), lr=0.01))
+    data = [torch.randn(8, 4) for _ in range(12)]
+    with tk.session(logdir=tmp_path, system_metrics=False, log_every=log_every) as s:
+        for i, x in enumerate(tk.patch(data)):
+            with tk.profile_region("d"):
+                D(x).mean().backward()
+                od.step()
+                od.zero_grad()
+            with tk.profile_region("g"):
+                (-D(G(x)).mean()).backward()
+                og.step()
+                og.zero_grad()
+            s.log("loss", float(i))
+            s.log("loss", float(i) + 2)
+    got = _one_event_per_step(tmp_path)
+    assert got["loss"] == [(i + 1, i + 1.0) for i in range(12)]
+    assert [st for st, _ in got["trainkit/update_ms"]] == list(range(1, 13))
+    assert all(ms >= 5.0 for _, ms in got["trainkit/update_ms"])  # G's 5 ms sleep is in each
+
+
+def test_values_for_a_later_step_and_an_earlier_one_join_their_steps(tmp_path):
+    model = torch.nn.Linear(4, 1)
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.01))
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        for i in range(6):
+            k = s.step
+            s.log("y", 1.0)
+            s.log("ahead", 0.5, step=k + 1)  # known ahead, for the next step
+            s.log("y", 3.0)
+            if i == 5:
+                s.log("late", 100.0, step=2)  # a few steps back, joins step 2's event
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    got = _one_event_per_step(tmp_path)
+    assert got["y"] == [(k, 2.0) for k in range(1, 7)]
+    assert got["ahead"] == [(k, 0.5) for k in range(2, 8)]
+    assert got["late"] == [(2, 100.0)]

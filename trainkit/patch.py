@@ -75,8 +75,8 @@ class OptimizerPatch:
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
         s = _S._active
-        if s is not None and s._batches_are_steps:
-            s.optimizer_steps_from_here()
+        if s is not None and (s._batches_are_steps or s._batch_pending):
+            s.optimizer_steps_from_here()  # also for an optimizer patched inside the loop
         gate = self.gate
         if gate is not None and not gate.should_step():
             return None  # inside an accumulation window: gradients keep adding up

@@ -101,6 +101,7 @@ class Recorder:
         self._sample = sample
         self._sample_secs = sample_secs
         self._next_sample = 0.0
+        self._completed_at_last_wake = -1
         self._open: Dict[int, Dict[str, Any]] = {}  # step -> tag -> value, or a list of them
         self._lock = threading.RLock()  # re-entrant: a SIGTERM handler may flush mid-flush
         self._wake = threading.Event()
@@ -119,15 +120,19 @@ class Recorder:
     # -- writer thread ---------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop:
-            # Woken by the session at a step's end (every log_every steps): that step may still
-            # get the value logged just after optimizer.step(), so it waits for the next write.
-            # Woken by the clock: everything completed is written (what bounds a SIGKILL's loss).
+            # Woken by the session (every log_every steps) or by the clock. The last completed
+            # step may still get the value logged just after its optimizer.step(), so it is kept
+            # back while steps go on, and written at the first wake after they stall (which,
+            # with the clock, bounds what a SIGKILL loses).
             woken = self._wake.wait(min(self.flush_secs, self._sample_secs))
             self._wake.clear()
             if self._stop:
                 break
+            completed = self.completed()
+            stalled = not woken and completed == self._completed_at_last_wake
+            self._completed_at_last_wake = completed
             try:
-                self.flush(final=False, slack=1 if woken else 0)
+                self.flush(final=False, slack=0 if stalled else 1)
             except BaseException as exc:  # keep the training alive; close() re-raises nothing
                 self.failed = exc
                 return
@@ -139,10 +144,13 @@ class Recorder:
 
         This runs in the writer thread while the training thread waits for the GIL now and then,
         so it is written for speed: one pass over the records, floats taken as they are, and a
-        step written as soon as a later step's record shows up (records come in step order but
-        for a few late ones). Holding every step of the pass at once instead (seconds of steps,
-        a dict and a list per tag each) had Python's GC promote them by the ten thousand, which
-        brought on full collections costing the training thread ~10-20 us a step.
+        completed step written once a record ``_BEHIND`` steps later shows up. Records come
+        nearly in step order, not quite: a region after ``optimizer.step()`` goes under the next
+        step, the loss logged next under the batch's (and ``s.log(..., step=k)`` anywhere); a
+        step ``_BEHIND`` steps back gets no more records from the loop. Holding every step of
+        the pass at once instead (seconds of steps, a dict and a list per tag each) had Python's
+        GC promote them by the ten thousand, which brought on full collections costing the
+        training thread ~10-20 us a step.
         """
         with self._lock:
             # Read before taking records: every record of a step up to here is in the buffer.
@@ -151,12 +159,15 @@ class Recorder:
             pop = buf.popleft
             add: Any = {}.setdefault
             for _ in range(len(buf)):
-                rec = pop()
+                try:
+                    rec = pop()
+                except IndexError:  # a signal handler's flush, run inside this one, took them
+                    break
                 tag, step = rec[0], rec[1]
                 tags = opened.get(step)
                 if tags is None:
-                    if opened:  # the steps before this one may be complete: written now
-                        self._write_steps(completed, final, below=step)
+                    if opened:  # steps far enough behind this one are complete: written now
+                        self._write_steps(min(completed, step - _BEHIND), False)
                     tags = opened[step] = {}
                     add = tags.setdefault
                 elif add.__self__ is not tags:
@@ -194,21 +205,26 @@ class Recorder:
                 self.writer.write_scalars(step=self.completed(), values=self._sample())
             self.writer.flush()
 
-    def _write_steps(self, completed: int, final: bool, below: Optional[int] = None) -> None:
-        """Write the open steps in order, up to ``completed`` (all when ``final``) and below
-        ``below``; stop at the first whose GPU values are not ready (steps stay in order)."""
+    def _write_steps(self, completed: int, final: bool) -> None:
+        """Write the open steps in order, up to ``completed`` (all when ``final``); stop at the
+        first whose GPU values are not ready (steps stay in order)."""
         opened = self._open
         write = self.writer.write_scalars
         for step in sorted(opened):
-            if (below is not None and step >= below) or (not final and step > completed):
+            if not final and step > completed:
                 break
-            combined = _combine_step(opened[step], final)
+            # Taken out before it is written: a flush run inside this one (a signal handler's)
+            # neither writes it again nor finds it gone.
+            tags = opened.pop(step, None)
+            if tags is None:
+                continue
+            combined = _combine_step(tags, final)
             if combined is None:
+                opened[step] = tags
                 break  # the GPU has not got there yet; keep steps in order
             end = combined.get(STEP_END)
             wall = None if end is None else self._wall0 + (end - self._perf0)
             write(step=step, values=derive(combined), wall_time=wall)
-            del opened[step]
 
     def close(self) -> None:
         """Stop the thread, write everything recorded, close the file. Idempotent."""
@@ -224,6 +240,8 @@ class Recorder:
 
 
 _NUMBER = (int, float)
+#: A flush writes a completed step early, mid-pass, once a record this many steps later shows up.
+_BEHIND = 8
 
 
 def _add(tags: Dict[str, Any], tag: str, value: Any) -> None:
