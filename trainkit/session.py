@@ -323,8 +323,7 @@ def _scalar(name: str, value: Any) -> Any:
         item = value.item()
         if isinstance(item, numbers.Real):
             return _real(name, item)
-    raise TypeError(f"log({name!r}, {brief(value)}): value must be a real number or a one-element "
-                    f"tensor or array, e.g. s.log({name!r}, loss)")
+    raise _not_a_scalar(name, value)
 
 
 def _real(name: str, value: Any) -> float:
@@ -334,8 +333,12 @@ def _real(name: str, value: Any) -> float:
     except OverflowError:  # an int such as 10**400
         return math.inf if value > 0 else -math.inf
     except (TypeError, ValueError):  # a "real" that is no number to draw (np.timedelta64)
-        raise TypeError(f"log({name!r}, {brief(value)}): value must be a real number or a "
-                        f"one-element tensor or array, e.g. s.log({name!r}, loss)") from None
+        raise _not_a_scalar(name, value) from None
+
+
+def _not_a_scalar(name: str, value: Any) -> TypeError:
+    return TypeError(f"log({name!r}, {brief(value)}): value must be a real number or a "
+                     f"one-element tensor or array, e.g. s.log({name!r}, loss)")
 
 
 def _check_profile(profile: Any) -> Any:

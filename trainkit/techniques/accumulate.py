@@ -37,7 +37,9 @@ _NORMALIZE = ("mean", "items")
 _open: List["Accumulator"] = []
 
 
-def _check(n: Any, optimizer: Any, model: Any, normalize: Any, clip_grad_norm: Any) -> None:
+def _check(n: Any, optimizer: Any, model: Any, normalize: Any,
+           clip_grad_norm: Any) -> Optional[float]:
+    """Refuse bad arguments before any state changes; the max norm as a float (or None)."""
     import torch
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -54,12 +56,13 @@ def _check(n: Any, optimizer: Any, model: Any, normalize: Any, clip_grad_norm: A
         raise ValueError(f"accumulate({n}, optimizer, normalize={normalize!r}): normalize must be "
                          f"one of {', '.join(map(repr, _NORMALIZE))}; use 'items' with "
                          f"acc.add_items(k) to divide by tokens, e.g. normalize='items'")
-    check_clip(clip_grad_norm, f"accumulate({n}, optimizer, ...)")
+    max_norm = check_clip(clip_grad_norm, f"accumulate({n}, optimizer, ...)")
     dp.check_model(n, model, normalize)
     gate = getattr(optimizer_patch(optimizer), "gate", None)
     if isinstance(gate, Accumulator):
         raise ValueError(f"accumulate({n}, optimizer): this optimizer is already inside "
                          f"accumulate({gate.n}, ...); nest nothing, use one accumulate block")
+    return max_norm
 
 
 def check_clip(max_norm: Any, call: str) -> Optional[float]:
@@ -114,7 +117,7 @@ class Accumulator:
         self.optimizer = optimizer
         self.model = model
         self.normalize: Normalize = normalize
-        self.clip_grad_norm = check_clip(clip_grad_norm, f"accumulate({n}, optimizer, ...)")
+        self.clip_grad_norm = clip_grad_norm  # checked by accumulate() (a float, or None)
         #: the total gradient norm of the last real step, before clipping (a tensor, not read:
         #: reading it on a GPU would wait for it); None without ``clip_grad_norm``.
         self.grad_norm: Any = None
@@ -215,14 +218,7 @@ class Accumulator:
 
     def clip(self) -> None:
         """Clip the window's gradient (divided, synced, unscaled by now) to ``clip_grad_norm``."""
-        import torch
-
-        m = self.model
-        if m is not None and dp.is_fsdp1(m):  # its own clip knows the shards
-            self.grad_norm = m.clip_grad_norm_(self.clip_grad_norm)
-        else:
-            params = [p for g in self.optimizer.param_groups for p in g["params"]]
-            self.grad_norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm)
+        self.grad_norm = dp.clip_grad_norm(self.optimizer, self.clip_grad_norm, self.model)
 
     def end_window(self, *, stepped: bool) -> None:
         self.micro_batches = 0
@@ -363,10 +359,10 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None, normalize: Normaliz
                 loss = criterion(model(x), y)
                 loss.backward(); optimizer.step(); optimizer.zero_grad()
     """
-    _check(n, optimizer, model, normalize, clip_grad_norm)
+    max_norm = _check(n, optimizer, model, normalize, clip_grad_norm)
     _patch_opt(optimizer)
     p = optimizer_patch(optimizer)
-    acc = Accumulator(n, optimizer, model, normalize, clip_grad_norm)
+    acc = Accumulator(n, optimizer, model, normalize, max_norm)
     prev_gate = p.gate
     hook = None
     if model is not None:

@@ -25,6 +25,7 @@ from typing import Any, Iterator, Literal, Optional
 
 from .._text import brief
 from ..patch import optimizer_patch
+from . import data_parallel as dp
 from .accumulate import check_clip, warn_if_divided
 from ..session import active as _active_session
 from .. import switches
@@ -109,20 +110,18 @@ class Amp:
         if scaling:
             self.scaler.unscale_(optimizer)
         if clip is not None:
-            import torch
-
-            params = [p for g in optimizer.param_groups for p in g["params"]]
-            torch.nn.utils.clip_grad_norm_(params, clip)
+            dp.clip_grad_norm(optimizer, clip)
         if not scaling:
             optimizer.step()
             return True
-        if gate is not None and hasattr(gate, "amp_step"):
-            gate._amp_stepping = True  # this scaler.step is amp.step's, not the user's
+        acc = gate if hasattr(gate, "amp_step") else None  # an accumulate block's gate
+        if acc is not None:
+            acc._amp_stepping = True  # this scaler.step is amp.step's, not the user's
         try:
             stepped = _step_watched(self.scaler, optimizer)
         finally:
-            if gate is not None and hasattr(gate, "amp_step"):
-                gate._amp_stepping = False
+            if acc is not None:
+                acc._amp_stepping = False
         self.scaler.update()
         if not stepped:
             _skipped[self.scaler] = self.skipped + 1

@@ -66,6 +66,18 @@ def is_fsdp1(model: Any) -> bool:
     return isinstance(model, FullyShardedDataParallel)
 
 
+def clip_grad_norm(optimizer: Any, max_norm: float, model: Any = None) -> Any:
+    """Clip the gradients of ``optimizer``'s parameters to a total norm of ``max_norm``; the norm
+    before clipping (a tensor). An FSDP1 ``model`` clips through its own ``clip_grad_norm_``,
+    which knows the shards; FSDP2's DTensor gradients and DDP's synced ones take torch's."""
+    if model is not None and is_fsdp1(model):
+        return model.clip_grad_norm_(max_norm)
+    import torch
+
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
 def _fsdp2_mesh(model: Any) -> Any:
     """The device mesh of an FSDP2 model's (DTensor) parameters."""
     for p in model.parameters():
