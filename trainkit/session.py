@@ -19,8 +19,9 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from . import _env, timing
+from ._logvalues import check_log_name, to_scalar
 from ._text import brief
-from .recorder import PREFIX, STEP_END, STEP_TIME, Recorder
+from .recorder import STEP_END, STEP_TIME, Recorder
 
 _active: Optional["Session"] = None
 
@@ -166,7 +167,7 @@ class Session:
                     self._buf.append((name, self.step if n is None else n, v))
                     return
         if name.__class__ is not str or name not in self._names:
-            _check_log_name(name)
+            check_log_name(name)
             if len(self._names) < 10_000:  # names made up per call are checked every time
                 self._names.add(name)
         if step is None:
@@ -179,7 +180,7 @@ class Session:
         if type(value) is float:
             self._buf.append((name, step, value))
         else:
-            self._buf.append((name, step, _scalar(name, value)))
+            self._buf.append((name, step, to_scalar(name, value)))
 
     def close(self) -> None:
         """Flush everything recorded and close the event files. Safe to call twice."""
@@ -286,59 +287,6 @@ def _tensor_type() -> Any:
 
         _Tensor, _cuda = torch.Tensor, torch.cuda
     return _Tensor
-
-
-def _check_log_name(name: Any) -> None:
-    if type(name) is not str or not name:
-        raise TypeError(f"log(name={name!r}): name must be a non-empty str, e.g. s.log('loss', loss)")
-    if name.startswith(PREFIX) or name.startswith("\0"):
-        other = "my/" + name[len(PREFIX):] if name.startswith(PREFIX) else name.lstrip("\0")
-        raise ValueError(f"log(name={name!r}): names under {PREFIX!r} (and names starting with a "
-                         f"NUL) are trainkit's own tags, which a value logged under them would "
-                         f"corrupt; log yours under another name, e.g. s.log({other or 'x'!r}, value)")
-
-
-def _scalar(name: str, value: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"log({name!r}, tensor of shape {tuple(value.shape)}): only scalars can "
-                             f"be logged; reduce it first, e.g. s.log({name!r}, t.mean())")
-        if value.is_complex():
-            raise TypeError(f"log({name!r}, {value!r}): a complex tensor is no scalar TensorBoard "
-                            f"can draw; log its real part or magnitude, e.g. s.log({name!r}, t.abs())")
-        if value.is_cuda:
-            return timing.PendingTensor(value.detach(), timing.cuda_event())
-        # On the CPU this is a read, not a device sync; reading now (rather than keeping the
-        # tensor) also frees the autograd graph the loss still holds.
-        return value.item()
-    if isinstance(value, numbers.Real):
-        return _real(name, value)
-    size = getattr(value, "size", None)  # a numpy scalar (np.bool_ too) or array, and the like
-    if isinstance(size, int) and callable(getattr(value, "item", None)):
-        if size != 1:
-            raise ValueError(f"log({name!r}, array of shape {getattr(value, 'shape', '?')}): only "
-                             f"scalars can be logged; reduce it first, e.g. s.log({name!r}, a.mean())")
-        item = value.item()
-        if isinstance(item, numbers.Real):
-            return _real(name, item)
-    raise _not_a_scalar(name, value)
-
-
-def _real(name: str, value: Any) -> float:
-    """A real number as the float written: past float's range it is +-inf, as past float32's."""
-    try:
-        return float(value)
-    except OverflowError:  # an int such as 10**400
-        return math.inf if value > 0 else -math.inf
-    except (TypeError, ValueError):  # a "real" that is no number to draw (np.timedelta64)
-        raise _not_a_scalar(name, value) from None
-
-
-def _not_a_scalar(name: str, value: Any) -> TypeError:
-    return TypeError(f"log({name!r}, {brief(value)}): value must be a real number or a "
-                     f"one-element tensor or array, e.g. s.log({name!r}, loss)")
 
 
 def _check_profile(profile: Any) -> Any:

@@ -1,0 +1,69 @@
+"""What ``s.log(name, value)`` accepts: the names it refuses, and values turned into scalars.
+
+The session's fast path (a str name seen before, a CPU tensor) does not come here; the first use
+of a name and every other kind of value do.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+from . import timing
+from ._text import brief
+from .recorder import PREFIX
+
+
+def check_log_name(name: Any) -> None:
+    """Refuse a name that is no str, is empty, or is one of trainkit's own tags."""
+    if type(name) is not str or not name:
+        raise TypeError(f"log(name={name!r}): name must be a non-empty str, e.g. s.log('loss', loss)")
+    if name.startswith(PREFIX) or name.startswith("\0"):
+        other = "my/" + name[len(PREFIX):] if name.startswith(PREFIX) else name.lstrip("\0")
+        raise ValueError(f"log(name={name!r}): names under {PREFIX!r} (and names starting with a "
+                         f"NUL) are trainkit's own tags, which a value logged under them would "
+                         f"corrupt; log yours under another name, e.g. s.log({other or 'x'!r}, value)")
+
+
+def to_scalar(name: str, value: Any) -> Any:
+    """``value`` as what the writer takes: a float, or a pending CUDA value resolved later."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"log({name!r}, tensor of shape {tuple(value.shape)}): only scalars can "
+                             f"be logged; reduce it first, e.g. s.log({name!r}, t.mean())")
+        if value.is_complex():
+            raise TypeError(f"log({name!r}, {value!r}): a complex tensor is no scalar TensorBoard "
+                            f"can draw; log its real part or magnitude, e.g. s.log({name!r}, t.abs())")
+        if value.is_cuda:
+            return timing.PendingTensor(value.detach(), timing.cuda_event())
+        # On the CPU this is a read, not a device sync; reading now (rather than keeping the
+        # tensor) also frees the autograd graph the loss still holds.
+        return value.item()
+    if isinstance(value, numbers.Real):
+        return _real(name, value)
+    size = getattr(value, "size", None)  # a numpy scalar (np.bool_ too) or array, and the like
+    if isinstance(size, int) and callable(getattr(value, "item", None)):
+        if size != 1:
+            raise ValueError(f"log({name!r}, array of shape {getattr(value, 'shape', '?')}): only "
+                             f"scalars can be logged; reduce it first, e.g. s.log({name!r}, a.mean())")
+        item = value.item()
+        if isinstance(item, numbers.Real):
+            return _real(name, item)
+    raise _not_a_scalar(name, value)
+
+
+def _real(name: str, value: Any) -> float:
+    """A real number as the float written: past float's range it is +-inf, as past float32's."""
+    try:
+        return float(value)
+    except OverflowError:  # an int such as 10**400
+        return math.inf if value > 0 else -math.inf
+    except (TypeError, ValueError):  # a "real" that is no number to draw (np.timedelta64)
+        raise _not_a_scalar(name, value) from None
+
+
+def _not_a_scalar(name: str, value: Any) -> TypeError:
+    return TypeError(f"log({name!r}, {brief(value)}): value must be a real number or a "
+                     f"one-element tensor or array, e.g. s.log({name!r}, loss)")
