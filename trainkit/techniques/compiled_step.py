@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, overload
 from ..session import active as _active_session  # the module name is rebound by __init__
 from .._text import brief
 from ..recorder import COMPILE_RECOMPILES, COMPILE_SECONDS
+from ._hyper import HyperTensors
 
 Mode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 #: Calls that may compile without a warning: the first step creates the optimizer's state,
@@ -54,99 +55,6 @@ def _check_options(mode: Any, fullgraph: Any) -> None:
     if not isinstance(fullgraph, bool):
         raise TypeError(f"compiled_step(fullgraph={fullgraph!r}): fullgraph must be True or False, "
                         f"e.g. @tk.compiled_step(fullgraph=True)")
-
-
-# -- hyper-parameters held as tensors --------------------------------------------------------------
-def _takes_tensor(opt: Any, group: Dict[str, Any], key: str) -> bool:
-    """Whether this group's step accepts ``key`` as a tensor (read from torch/optim's sources)."""
-    import torch
-
-    if group.get("differentiable"):
-        return False
-    if key == "betas":  # only Adam/AdamW take tensor betas; the fused kernels read them with .item()
-        if not isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)) or group.get("fused"):
-            return False
-    if group.get("capturable") or (key == "lr" and group.get("fused")):
-        return True
-    params = group["params"]
-    foreach = group.get("foreach")
-    if foreach is None:  # torch's default: foreach for CUDA parameters
-        foreach = bool(params) and params[0].is_cuda
-    if not foreach:
-        return True  # the single-tensor loops take tensor lr/betas
-    # foreach without capturable rejects tensors; dynamo sets capturable=True itself for CUDA
-    # parameters whose state does not exist yet (torch/_dynamo/variables/optimizer.py).
-    return all(p.is_cuda for p in params) and not any(opt.state.get(p) for p in params)
-
-
-class HyperTensors:
-    """Persistent tensors standing in for one optimizer's scheduled Python hyper-parameters.
-
-    ``lr`` is held as a tensor from the first call: every LR scheduler changes it, and a tensor
-    lr costs nothing in the compiled step. ``betas`` become tensors only once they change between
-    two calls (OneCycleLR or CyclicLR cycling momentum): tensor betas cost Adam's compiled step
-    ~17% on a CPU (measured on 10 x Linear(1024, 1024)), a price only a schedule that moves them
-    should pay. That switch is one compile, which ``expect_compile`` marks as expected.
-    """
-
-    KEYS = ("lr", "betas")
-
-    def __init__(self, opt: Any) -> None:
-        self.opt = opt
-        self._tensors: Dict[Tuple[int, str], Any] = {}
-        self._betas_seen: Dict[int, Any] = {}  # group -> betas at the previous call
-        self._betas_moving: Dict[int, bool] = {}
-        #: True after a call that switched some group's betas to tensors (one compile expected).
-        self.expect_compile = False
-
-    def _tensor(self, gi: int, key: str, value: float, device: Any) -> Any:
-        import torch
-
-        t = self._tensors.get((gi, key))
-        if t is None:
-            # Betas on the CPU in float64: Adam computes 1 - beta**step from them, and float32
-            # drifts from eager's Python doubles (rel err ~1e-5 after a few dozen steps; float64:
-            # ~3e-7). On CUDA float32, what the capturable foreach kernels take.
-            dtype = (torch.float64 if key.startswith("beta") and torch.device(device).type == "cpu"
-                     else torch.float32)
-            t = self._tensors[(gi, key)] = torch.zeros((), dtype=dtype, device=device)
-        t.fill_(value)  # a plain copy outside the graph: dynamo never sees the float
-        return t
-
-    def swap_in(self) -> List[Tuple[Dict[str, Any], str, Any]]:
-        """Put tensors holding the current values into ``param_groups``; returns what to restore."""
-        saved = []
-        self.expect_compile = False
-        for gi, group in enumerate(self.opt.param_groups):
-            params = group["params"]
-            device = params[0].device if params else "cpu"
-            for key in self.KEYS:
-                value = group.get(key)
-                if key == "lr" and isinstance(value, float):
-                    new: Any = self._tensor(gi, "lr", value, device)
-                elif (key == "betas" and isinstance(value, tuple) and len(value) == 2
-                      and all(isinstance(b, float) for b in value)):
-                    if not self._betas_moving.get(gi):
-                        seen = self._betas_seen.get(gi)
-                        self._betas_seen[gi] = value
-                        if seen is None or seen == value:
-                            continue  # constant so far: left a Python float, folded by inductor
-                        self._betas_moving[gi] = True
-                        self.expect_compile = _takes_tensor(self.opt, group, key)
-                    new = (self._tensor(gi, "beta1", value[0], device),
-                           self._tensor(gi, "beta2", value[1], device))
-                else:
-                    continue  # absent, or already a tensor (the user's own recipe)
-                if not _takes_tensor(self.opt, group, key):
-                    continue
-                saved.append((group, key, value))
-                group[key] = new
-        return saved
-
-    @staticmethod
-    def restore(saved: List[Tuple[Dict[str, Any], str, Any]]) -> None:
-        for group, key, value in saved:
-            group[key] = value
 
 
 # -- compile bookkeeping ---------------------------------------------------------------------------
