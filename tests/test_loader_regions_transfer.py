@@ -11,7 +11,7 @@ import torch
 
 import trainkit as tk
 from tests.conftest import scalars
-from tests.helpers import loader, mlp
+from tests.helpers import loader, mlp, train
 
 
 class SlowDataset(torch.utils.data.Dataset):
@@ -304,14 +304,6 @@ def test_to_device_pinned_copies_are_async_and_timed_on_gpu(tmp_path):
     assert got["trainkit/h2d_GBps"][0][1] > 0.1
 
 
-def _train_pass(model, opt, batches, s):
-    for x, y in tk.patch(batches):
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
-        s.log("loss", 1.0)
-
-
 def _eval_pass(model, batches, s):
     with torch.no_grad():
         for x, y in tk.patch(batches):
@@ -325,7 +317,7 @@ def test_evaluation_session_after_training_counts_its_batches(tmp_path):
     opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
     batches = list(loader(n=32, batch_size=8))
     with tk.session(logdir=tmp_path / "train", system_metrics=False) as s:
-        _train_pass(model, opt, batches, s)
+        train(model, opt, tk.patch(batches), log=s.log)
     with tk.session(logdir=tmp_path / "eval", system_metrics=False) as s:
         _eval_pass(model, batches, s)
     got = scalars(tmp_path / "eval")
@@ -341,18 +333,18 @@ def test_training_resumed_in_a_new_session_counts_optimizer_steps(tmp_path):
     opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
     batches = list(loader(n=32, batch_size=8))
     with tk.session(logdir=tmp_path / "a", system_metrics=False) as s:
-        _train_pass(model, opt, batches, s)
+        train(model, opt, tk.patch(batches), log=s.log)
     with tk.session(logdir=tmp_path / "b", system_metrics=False) as s:
         _eval_pass(model, batches[:2], s)
-        _train_pass(model, opt, batches, s)
-        _train_pass(model, opt, batches, s)
+        train(model, opt, tk.patch(batches), log=s.log)
+        train(model, opt, tk.patch(batches), log=s.log)
     got = scalars(tmp_path / "b")
     assert [st for st, _ in got["acc"]] == [1, 2]
     assert [st for st, _ in got["loss"]] == [3, 4, 5, 6, 7, 8, 9, 10]
     assert [st for st, _ in got["trainkit/update_ms"]] == [3, 4, 5, 6, 7, 8, 9, 10]
     assert [st for st, _ in got["trainkit/data_wait_ms"]] == list(range(1, 11))
     with tk.session(logdir=tmp_path / "c", system_metrics=False) as s:  # training right away
-        _train_pass(model, opt, batches, s)
+        train(model, opt, tk.patch(batches), log=s.log)
     got = scalars(tmp_path / "c")
     assert [st for st, _ in got["loss"]] == [st for st, _ in got["trainkit/update_ms"]] == [1, 2, 3, 4]
     assert [st for st, _ in got["trainkit/data_wait_ms"]] == [1, 2, 3, 4]
@@ -365,7 +357,7 @@ def test_evaluation_under_no_grad_counts_batches_beside_an_optimizer_not_stepped
     batches = list(loader(n=24, batch_size=8))
     with tk.session(logdir=tmp_path, system_metrics=False) as s:
         _eval_pass(model, batches, s)  # under torch.no_grad()
-        _train_pass(model, opt, batches, s)
+        train(model, opt, tk.patch(batches), log=s.log)
     got = scalars(tmp_path)
     assert [st for st, _ in got["acc"]] == [1, 2, 3]
     assert [st for st, _ in got["loss"]] == [st for st, _ in got["trainkit/update_ms"]] == [4, 5, 6]
@@ -393,11 +385,11 @@ def test_accumulating_training_after_an_evaluation_steps_once_per_window(tmp_pat
     opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
     batches = list(loader(n=32, batch_size=8))
     with tk.session(logdir=tmp_path, system_metrics=False) as s:
-        _train_pass(model, opt, batches[:1], s)
+        train(model, opt, tk.patch(batches[:1]), log=s.log)
     with tk.session(logdir=tmp_path / "b", system_metrics=False) as s:
         _eval_pass(model, batches[:2], s)
         with tk.accumulate(2, opt):
-            _train_pass(model, opt, batches, s)
+            train(model, opt, tk.patch(batches), log=s.log)
     got = scalars(tmp_path / "b")
     assert [st for st, _ in got["acc"]] == [1, 2]
     assert [st for st, _ in got["loss"]] == [st for st, _ in got["trainkit/update_ms"]] == [3, 4]
