@@ -163,6 +163,90 @@ def test_region_made_before_a_profiler_is_traced_while_it_records(tmp_path):
     assert len(scalars(tmp_path)["trainkit/region/early_ms"]) == 1  # one step: the three add up
 
 
+class _SlowStepSGD(torch.optim.SGD):
+    def step(self, closure=None):
+        time.sleep(0.004)
+        return super().step(closure)
+
+
+@pytest.mark.parametrize("profiling", [False, True], ids=["fast-region", "full-region"])
+def test_a_region_wrapping_the_step_goes_under_the_step_it_timed(tmp_path, profiling):
+    # No patched loader: the step ends inside the region, which belongs to that step (not to the
+    # next one). Under a profiler a region takes its full path (record_function), same filing.
+    model = mlp()
+    opt = tk.patch(_SlowStepSGD(model.parameters(), lr=0.1))
+    batches = list(loader(n=40, batch_size=8))
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profiling else None
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        if prof is not None:
+            prof.__enter__()
+        try:
+            for x, y in batches:
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                with tk.profile_region("update"):
+                    opt.step()
+                with tk.profile_region("after"):  # after the step: the step in progress
+                    opt.zero_grad()
+        finally:
+            if prof is not None:
+                prof.__exit__(None, None, None)
+    got = scalars(tmp_path)
+    steps = [st for st, _ in got["trainkit/update_ms"]]
+    assert steps == [1, 2, 3, 4, 5]
+    assert [st for st, _ in got["trainkit/region/update_ms"]] == steps
+    for (_, region), (_, update) in zip(got["trainkit/region/update_ms"], got["trainkit/update_ms"]):
+        assert region >= update >= 4.0  # each step's own update, inside its own region
+    assert [st for st, _ in got["trainkit/region/after_ms"]] == [2, 3, 4, 5, 6]
+
+
+def test_regions_and_values_after_the_step_go_under_the_batchs_step(tmp_path):
+    model = mlp()
+    opt = tk.patch(_SlowStepSGD(model.parameters(), lr=0.1))
+    batches = list(loader(n=40, batch_size=8))
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        with tk.profile_region("epoch"):
+            for i, (x, y) in enumerate(tk.patch(batches)):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                with tk.profile_region("update"):
+                    opt.step()
+                with tk.profile_region("after"):
+                    opt.zero_grad()
+                    time.sleep(0.002)
+                s.log("i", float(i))
+        s.log("val", 0.5)  # after the epoch: its last step
+    got = scalars(tmp_path)
+    assert [st for st, _ in got["trainkit/update_ms"]] == [1, 2, 3, 4, 5]
+    assert got["i"] == [(1, 0.0), (2, 1.0), (3, 2.0), (4, 3.0), (5, 4.0)]
+    for tag in ("region/update_ms", "region/after_ms"):
+        assert [st for st, _ in got["trainkit/" + tag]] == [1, 2, 3, 4, 5], tag
+    assert got["val"] == [(5, 0.5)]
+    (epoch_step, epoch_ms), = got["trainkit/region/epoch_ms"]
+    assert epoch_step == 5 and epoch_ms >= 5 * (4.0 + 2.0)
+
+
+def test_a_plain_loader_loop_after_a_patched_one_goes_by_the_steps(tmp_path):
+    # The batch a patched loader handed out last does not hold the values of a later loop over a
+    # plain loader (a second training phase): they go under the steps, as with no patched loader.
+    model = mlp()
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    batches = list(loader(n=48, batch_size=8))
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        train(model, opt, tk.patch(batches[:3]), log=s.log)
+        for i, (x, y) in enumerate(batches[3:]):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            s.log("phase2", float(i))  # after the step: the step in progress, as without a loader
+            with tk.profile_region("after"):
+                pass
+    got = scalars(tmp_path)
+    assert [st for st, _ in got["loss"]] == [1, 2, 3]
+    assert got["phase2"] == [(5, 0.0), (6, 1.0), (7, 2.0)]
+    assert [st for st, _ in got["trainkit/region/after_ms"]] == [5, 6, 7]
+
+
 def test_region_nested_in_itself_times_each_entry(tmp_path):
     @tk.profile_region("recurse")
     def recurse(n):

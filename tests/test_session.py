@@ -401,17 +401,20 @@ def _one_event_per_step(logdir):
     return got
 
 
+@pytest.mark.parametrize("patched_loader", [True, False], ids=["patched-loader", "plain-loader"])
 @pytest.mark.parametrize("log_every", [1, 1000])
-def test_records_filed_out_of_step_order_still_make_one_event_per_step(tmp_path, log_every):
-    # Records do not come in step order: a region after D's optimizer.step() goes under the
-    # next step, while G's update (a second optimizer) and the loss logged after it go under
-    # the batch's. Each step is still one event, its update_ms D's and G's together.
+def test_a_gans_two_optimizers_make_one_event_per_step(tmp_path, log_every, patched_loader):
+    # A GAN: D's optimizer makes the steps, G's update (a second optimizer) adds to the step of
+    # the batch it trained on. With a patched loader everything goes under the batch's step. With
+    # a plain one, records do not come in step order: region "g" starts after D's step ended and
+    # goes under the step in progress, while G's update, just after it, goes under the step D
+    # ended. Each step is still one event, its update_ms D's and G's together.
     D, G = torch.nn.Linear(4, 1), torch.nn.Linear(4, 4)
     od = tk.patch(torch.optim.SGD(D.parameters(), lr=0.01))
     og = tk.patch(_SlowSGD(G.parameters(), lr=0.01))
     data = [torch.randn(8, 4) for _ in range(12)]
     with tk.session(logdir=tmp_path, system_metrics=False, log_every=log_every) as s:
-        for i, x in enumerate(tk.patch(data)):
+        for i, x in enumerate(tk.patch(data) if patched_loader else data):
             with tk.profile_region("d"):
                 D(x).mean().backward()
                 od.step()
@@ -423,9 +426,14 @@ def test_records_filed_out_of_step_order_still_make_one_event_per_step(tmp_path,
             s.log("loss", float(i))
             s.log("loss", float(i) + 2)
     got = _one_event_per_step(tmp_path)
-    assert got["loss"] == [(i + 1, i + 1.0) for i in range(12)]
+    later = 0 if patched_loader else 1  # without a loader: the step in progress, after D's
+    assert got["loss"] == [(i + 1 + later, i + 1.0) for i in range(12)]
     assert [st for st, _ in got["trainkit/update_ms"]] == list(range(1, 13))
     assert all(ms >= 5.0 for _, ms in got["trainkit/update_ms"])  # G's 5 ms sleep is in each
+    # "d" wraps D's step: it goes under that step either way
+    assert [st for st, _ in got["trainkit/region/d_ms"]] == list(range(1, 13))
+    assert [st for st, _ in got["trainkit/region/g_ms"]] == list(range(1 + later, 13 + later))
+    assert all(ms >= 5.0 for _, ms in got["trainkit/region/g_ms"])
 
 
 def test_values_for_a_later_step_and_an_earlier_one_join_their_steps(tmp_path):

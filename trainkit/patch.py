@@ -184,6 +184,9 @@ def _step_function(p: OptimizerPatch) -> Any:
                 s._buf.append((STEP_REC, n, t0, t1, s._last_step_end))
                 s._last_step_end = t1
                 s.step = n + 1  # the rest as Session.step_done, inlined: one frame per step
+                b = s._batch_step
+                if b is not None and n > b:
+                    s._batch_step = None
                 if n % s._log_every == 0:
                     s._wake()
                 if s._profiler is not None:

@@ -143,7 +143,9 @@ class Session:
         """Record a user scalar under ``name`` (e.g. ``"loss"``) at the current step.
 
         The value is filed under the step that the batch last handed out by a patched loader
-        feeds (so logging after ``optimizer.step()`` is right), else the step in progress.
+        feeds (so logging after ``optimizer.step()`` is right, and a value logged after the
+        epoch's loop goes under its last step) until a later step ends; else under the step in
+        progress.
         Tensors are not read here: a CPU tensor is read at once (no device to wait for), a CUDA
         tensor once the GPU has passed it, by the writer thread. Several values logged within one
         step (the micro-batches of an accumulation window) are averaged.
@@ -266,6 +268,9 @@ class Session:
             self._buf.append((STEP_END, step, timing.now()))
         self._last_step_end = end
         self.step = step + 1
+        b = self._batch_step
+        if b is not None and step > b:  # the batch's step ended before this one: no patched
+            self._batch_step = None  # loader feeds this loop; values go by the optimizer steps
         if step % self._log_every == 0:
             self._wake()
         if self._profiler is not None:

@@ -121,8 +121,9 @@ class _Region:
 
             rf = torch.profiler.record_function(self.name)
             rf.__enter__()
-        ev0 = timing.cuda_event() if _TC._initialized and _S._active is not None else None
-        self._starts.append((timing.now(), ev0, rf))
+        s = _S._active
+        ev0 = timing.cuda_event() if _TC._initialized and s is not None else None
+        self._starts.append((timing.now(), ev0, rf, None if s is None else s.step))
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
         t1 = timing.now()
@@ -130,14 +131,27 @@ class _Region:
         s = _S._active
         if start.__class__ is float:  # entered by the fast region
             if s is not None:
-                s._buf.append((self.tag, s.step, (t1 - start) * 1e3))
+                # The step of the iteration it ran in: the batch's (as for s.log), else the step
+                # in progress, or the one that ended inside the region (one wrapping step()).
+                n = s._batch_step
+                if n is None:
+                    n = s.step
+                    end = s._last_step_end
+                    if n > 1 and end.__class__ is float and start < end:
+                        n -= 1
+                s._buf.append((self.tag, n, (t1 - start) * 1e3))
             return
-        t0, ev0, rf = start
+        t0, ev0, rf, entered_at = start
         if s is not None:
+            n = s._batch_step
+            if n is None:
+                n = s.step
+                if entered_at is not None and entered_at < n:  # a step ended inside the region
+                    n -= 1
             if ev0 is not None:
-                s.record(self.tag, timing.PendingInterval(ev0, timing.cuda_event()))
+                s._buf.append((self.tag, n, timing.PendingInterval(ev0, timing.cuda_event())))
             else:
-                s._buf.append((self.tag, s.step, (t1 - t0) * 1e3))
+                s._buf.append((self.tag, n, (t1 - t0) * 1e3))
         if rf is not None:
             rf.__exit__(et, ev, tb)
 
@@ -182,7 +196,9 @@ def profile_region(name: str) -> _Region:
     Host time on the CPU; on a GPU, the device time between two CUDA events, resolved later by the
     session's writer thread (no synchronize). While a profiler records, the block also appears in
     the trace as a ``record_function`` range of the same name. Time of a region entered several
-    times in one step (one per micro-batch) adds up.
+    times in one step (one per micro-batch) adds up. It is filed as ``s.log`` values are: under
+    the step of the batch a patched loader handed out last, else the step in progress, or the
+    step that ended inside the region (one wrapping ``optimizer.step()``).
 
     Example::
 
