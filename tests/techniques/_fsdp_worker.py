@@ -90,6 +90,31 @@ def run(rank: int, world: int, port: int, outdir: str, sizes_by_rank) -> None:
                 _, acc, _ = train(model, rank, equal, clip=CLIP, dtype=dtype)
                 out[name] = {"params": [p.double() for p in full_params(model)], "steps": acc.steps}
 
+            # amp.step's clip inside an accumulate block goes through the block's FSDP1 model;
+            # with no model to go through, it is refused before anything changes
+            model = FSDP(model64().float(), device_id=torch.device("cpu"), use_orig_params=True)
+            opt = torch.optim.Adam(model.parameters(), lr=0.01)
+            data = rank_batches(rank, equal)
+            with tk.accumulate(N, opt, model=model) as acc:
+                for x, y in data:
+                    with tk.autocast_scaled(dtype="fp32") as amp:
+                        loss = torch.nn.functional.mse_loss(model(x.float()), y.float())
+                    amp.backward(loss)
+                    amp.step(opt, clip_grad_norm=CLIP)
+                    opt.zero_grad()
+            out["fsdp1_amp_clip"] = {"params": [p.double() for p in full_params(model)],
+                                     "steps": acc.steps}
+            before = full_params(model)
+            x, y = data[0]
+            with tk.autocast_scaled(dtype="fp32") as amp:
+                amp.backward(torch.nn.functional.mse_loss(model(x.float()), y.float()))
+                try:
+                    amp.step(opt, clip_grad_norm=CLIP)
+                    out["amp_clip_refused"] = None
+                except ValueError as e:
+                    out["amp_clip_refused"] = (str(e), all(torch.equal(p, q) for p, q in
+                                                           zip(before, full_params(model))))
+
             model = fsdp2(mesh)
             _, acc, _ = train(model, rank, sizes_by_rank[rank], normalize="items")
             out["items"] = {"params": full_params(model), "steps": acc.steps}

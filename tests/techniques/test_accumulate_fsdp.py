@@ -28,11 +28,12 @@ def test_fsdp_two_gloo_ranks_equal_the_big_batch_oracle(tmp_path):
                # window 1, then the raised block's partial window dropped, then micro-batch 7 alone
                "raised": big_batch_oracle(model64(), adam, equal[:4] + [equal[6]], N),
                "fsdp2_clip": big_batch_oracle(model64(), adam, equal, N, clip=CLIP),
-               "fsdp1_clip": big_batch_oracle(model64(), adam, equal, N, clip=CLIP)}
+               "fsdp1_clip": big_batch_oracle(model64(), adam, equal, N, clip=CLIP),
+               "fsdp1_amp_clip": big_batch_oracle(model64(), adam, equal, N, clip=CLIP)}
     for name, oracle in oracles.items():
         a, b = r0[name], r1[name]
         assert all(torch.equal(p, q) for p, q in zip(a["params"], b["params"])), name
-        tol = 1e-5 if name == "fsdp1_clip" else 1e-10  # fsdp1_clip trains in float32
+        tol = 1e-5 if name.startswith("fsdp1_") else 1e-10  # FSDP1's clips train in float32
         assert _max_rel_err(a["params"], oracle) < tol, (name, _max_rel_err(a["params"], oracle))
         assert a["steps"] == (1 if name == "raised" else 3), name
     # FSDP2 reduce-scatters at each window's last micro-batch only (the partial window's two on
@@ -41,6 +42,10 @@ def test_fsdp_two_gloo_ranks_equal_the_big_batch_oracle(tmp_path):
     for name in ("fsdp2", "hsdp"):
         assert r0[name]["synced"] == r1[name]["synced"] == boundary, name
     assert r0["fsdp1"]["synced"] == [True] * 10
+    for r in (r0, r1):
+        msg, untouched = r["amp_clip_refused"]
+        assert "clip_grad_norm=0.05" in msg and "FullyShardedDataParallel" in msg, msg
+        assert "tk.accumulate(1, optimizer, model=fsdp_model)" in msg and untouched
     msg, unpatched = r0["refused"]
     assert "normalize='items'" in msg and "2-D mesh" in msg and "normalize='mean'" in msg
     assert unpatched  # refused before the optimizer was patched

@@ -91,6 +91,13 @@ class Amp:
             raise ValueError(f"amp.step(optimizer, clip_grad_norm={clip_grad_norm!r}) inside "
                              f"tk.accumulate(..., clip_grad_norm={gate.clip_grad_norm!r}): clip "
                              f"once; drop one of the two (accumulate's clips every real step)")
+        if clip_grad_norm is not None and getattr(gate, "model", None) is None \
+                and dp.fsdp1_sharded(optimizer):
+            raise ValueError(f"amp.step(optimizer, clip_grad_norm={clip_grad_norm!r}): the "
+                             f"optimizer's parameters are sharded by FullyShardedDataParallel, "
+                             f"whose total norm only the FSDP model can compute; name it: wrap "
+                             f"the loop in tk.accumulate(1, optimizer, model=fsdp_model) (or n "
+                             f"micro-batches), and amp.step clips through it")
         boundary = getattr(gate, "boundary", True)
         if not boundary:  # inside a window: no unscale, no update, the gate counts the call
             optimizer.step()
@@ -109,8 +116,8 @@ class Amp:
         step = None if s is None else s.step  # the records below belong to the step in progress
         if scaling:
             self.scaler.unscale_(optimizer)
-        if clip is not None:
-            dp.clip_grad_norm(optimizer, clip)
+        if clip is not None:  # an FSDP1 model (an accumulate block's) clips through its own
+            dp.clip_grad_norm(optimizer, clip, getattr(gate, "model", None))
         if not scaling:
             optimizer.step()
             return True

@@ -78,6 +78,14 @@ def clip_grad_norm(optimizer: Any, max_norm: float, model: Any = None) -> Any:
     return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
 
+def fsdp1_sharded(optimizer: Any) -> bool:
+    """Whether ``optimizer`` holds parameters that FSDP1 (``FullyShardedDataParallel``) manages:
+    their gradients are shards, whose total norm only the FSDP module can compute. Asked at
+    every clipped step: the first parameter of each group tells (FSDP1 marks all it manages)."""
+    return any(getattr(g["params"][0], "_fsdp_flattened", False)  # torch's own mark, on flat
+               for g in optimizer.param_groups if g["params"])  # and original parameters alike
+
+
 def _fsdp2_mesh(model: Any) -> Any:
     """The device mesh of an FSDP2 model's (DTensor) parameters."""
     for p in model.parameters():
