@@ -1,16 +1,18 @@
 """trainkit's per-step cost in instructions and simulated cache misses: numbers noise cannot move.
 
 ``overhead.py`` times the loops, and on a shared machine its ratios drift by a few per cent, as
-much as the whole cost of trainkit on a 0.35 ms step. This script runs the same two loops (its
-``plain_loop`` and ``trainkit_loop`` on the tiny MLP 784-64-10 at batch 32: plain, and with
-session + patch(optimizer) + patch(loader) + 3 regions + ``s.log``) under valgrind's callgrind,
-counting only the training thread and only the measured steps (callgrind's client requests, from a 3-line C helper built here with gcc), with
-its cache simulator set to this machine's L1 (32 KiB) and L2 (1 MiB, as the "LL" level). It
-prints, per step, instructions (Ir), L1 misses and L2 misses of each loop and the difference.
-A loop's count repeats to within ~0.2% between runs, so the difference (about 1% of the plain
-step) repeats to within about +-10%: enough to tell whether a change to a hot path made it
-cheaper, which the timings cannot. Needs valgrind (with its callgrind.h header) and gcc; about 4
-minutes (the two loops run one after the other, under valgrind's ~50x slowdown).
+much as the whole cost of trainkit on a 0.35 ms step. This script runs three of its loops on the
+tiny MLP 784-64-10 at batch 32 (``plain_loop``; ``floor_loop``, the same instrumentation made of C
+calls only; ``trainkit_loop``: session + patch(optimizer) + patch(loader) + 3 regions + ``s.log``)
+under valgrind's callgrind, counting only the training thread and only the measured steps
+(callgrind's client requests, from a 3-line C helper built here with gcc), with its cache
+simulator set to this machine's L1 (32 KiB) and L2 (1 MiB, as the "LL" level). It prints, per
+step, instructions (Ir), L1 misses and L2 misses of each loop, and what floor and trainkit add to
+plain. A loop's count repeats to within ~0.2% between runs, so a difference (about 1% of the
+plain step) repeats to within about +-10%: enough to tell whether a change to a hot path made it
+cheaper, which the timings cannot. The writer thread is not counted (see overhead.py for its
+cost). Needs valgrind (with its callgrind.h header) and gcc; about 6 minutes (the loops run one
+after the other, under valgrind's ~50x slowdown).
 
     python benchmarks/overhead_instructions.py [--passes 4]     # 50 steps a pass
 """
@@ -29,6 +31,7 @@ void tk_start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
 void tk_stop(void) { CALLGRIND_DUMP_STATS_AT("measured"); CALLGRIND_STOP_INSTRUMENTATION; }
 """
 EVENTS = ("Ir", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw")
+VARIANTS = ("plain", "floor", "trainkit")
 
 
 def child(variant: str, passes: int, helper: str) -> None:
@@ -37,7 +40,7 @@ def child(variant: str, passes: int, helper: str) -> None:
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     # overhead.py's own loops (importing it also puts this checkout's trainkit on the path)
-    from overhead import make_batches, mlp, plain_loop, trainkit_loop
+    from overhead import floor_loop, make_batches, mlp, plain_loop, trainkit_loop
     import torch
 
     import trainkit as tk
@@ -55,6 +58,15 @@ def child(variant: str, passes: int, helper: str) -> None:
     if variant == "plain":
         def one_pass() -> None:
             plain_loop(model, opt, crit, batches)
+    elif variant == "floor":  # overhead.py's reference: C calls only, no Python frame
+        import threading
+        import time
+
+        locks = (threading.Lock(), threading.Lock(), threading.Lock())
+        kept: list = []
+
+        def one_pass() -> None:
+            floor_loop(model, opt, crit, batches, locks, time.perf_counter, torch.Tensor.item, kept)
     else:
         tk.patch(opt)
         loader = tk.patch(batches)
@@ -92,7 +104,7 @@ def measure(variant: str, passes: int, helper: str, workdir: str) -> Dict[str, f
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--passes", type=int, default=4, help="measured passes of 50 steps")
-    ap.add_argument("--child", choices=["plain", "trainkit"], help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=list(VARIANTS), help=argparse.SUPPRESS)
     ap.add_argument("--helper", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.passes < 1:
@@ -117,12 +129,14 @@ def main() -> None:
 
         print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {args.passes * 50} "
               f"measured steps per loop, main thread only; per step:")
-        got = {v: measure(v, args.passes, helper, workdir) for v in ("plain", "trainkit")}
-    print(f"  {'':9s}" + "".join(f"{e:>10s}" for e in EVENTS))
-    for v in ("plain", "trainkit"):
-        print(f"  {v:9s}" + "".join(f"{got[v][e]:10.0f}" for e in EVENTS))
+        got = {v: measure(v, args.passes, helper, workdir) for v in VARIANTS}
+    print(f"  {'':16s}" + "".join(f"{e:>10s}" for e in EVENTS))
+    for v in VARIANTS:
+        print(f"  {v:16s}" + "".join(f"{got[v][e]:10.0f}" for e in EVENTS))
+    for v in ("floor", "trainkit"):
+        added = {e: got[v][e] - got["plain"][e] for e in EVENTS}
+        print(f"  {v + ' - plain':16s}" + "".join(f"{added[e]:10.0f}" for e in EVENTS))
     diff = {e: got["trainkit"][e] - got["plain"][e] for e in EVENTS}
-    print(f"  {'added':9s}" + "".join(f"{diff[e]:10.0f}" for e in EVENTS))
     print(f"trainkit / plain instructions = {got['trainkit']['Ir'] / got['plain']['Ir']:.4f}; "
           f"L2 misses added per step (instruction + data): "
           f"{diff['ILmr'] + diff['DLmr'] + diff['DLmw']:.0f}")
