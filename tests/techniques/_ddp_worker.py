@@ -17,6 +17,11 @@ def rank_batches(rank: int, sizes):
     return batches(sizes, seed=100 + rank)
 
 
+def zero_first_window(rank: int, sizes, n: int):
+    """Rank 1's first window brings no items (empty micro-batches, as if all padding)."""
+    return [0] * n + list(sizes[n:]) if rank == 1 else list(sizes)
+
+
 def run(rank: int, world: int, port: int, outdir: str, sizes_by_rank, n: int) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"  # the child's own environment, for init_process_group
     os.environ["MASTER_PORT"] = str(port)
@@ -25,7 +30,7 @@ def run(rank: int, world: int, port: int, outdir: str, sizes_by_rank, n: int) ->
         torch.set_num_threads(1)
         out = {}
         for key, normalize, clip in (("mean", "mean", None), ("items", "items", None),
-                                     ("clip", "mean", CLIP)):
+                                     ("clip", "mean", CLIP), ("items_zero", "items", None)):
             model = torch.nn.parallel.DistributedDataParallel(model64())
             calls = [0]
 
@@ -38,6 +43,8 @@ def run(rank: int, world: int, port: int, outdir: str, sizes_by_rank, n: int) ->
             model.register_comm_hook(None, hook)
             opt = torch.optim.Adam(model.parameters(), lr=0.01)
             sizes = sizes_by_rank[rank] if normalize == "items" else [4] * len(sizes_by_rank[rank])
+            if key == "items_zero":
+                sizes = zero_first_window(rank, sizes, n)
             with tk.accumulate(n, opt, model=model, normalize=normalize,
                                clip_grad_norm=clip) as acc:
                 for x, y in rank_batches(rank, sizes):

@@ -3,7 +3,7 @@ import socket
 import pytest
 import torch
 
-from ._ddp_worker import CLIP, rank_batches, run
+from ._ddp_worker import CLIP, rank_batches, run, zero_first_window
 from ._oracle import big_batch_oracle, max_rel_err, model64
 
 SIZES = [[3, 5, 2, 4, 6, 1, 3, 2, 5, 4], [4, 1, 6, 2, 3, 5, 2, 4, 1, 3]]  # 10 micro-batches a rank
@@ -36,6 +36,10 @@ def test_ddp_two_gloo_ranks_equal_oracle_and_sync_only_at_boundaries(tmp_path):
         # each window's synced, divided gradient clipped once (the partial one's after its
         # all-reduce by hand)
         "clip": big_batch_oracle(model64(), adam, _global_batches([[4] * 10] * 2), n, clip=CLIP),
+        # rank 1 has no items in the first window: the window's divisor is rank 0's items
+        "items_zero": big_batch_oracle(
+            model64(), adam, _global_batches([zero_first_window(r, s, n) for r, s in enumerate(SIZES)]),
+            n, reduction="items"),
     }
     for normalize, oracle in oracles.items():
         a, b = r0[normalize], r1[normalize]

@@ -195,15 +195,23 @@ class Accumulator:
         """Sync (partial last window under DDP) and divide the window's gradients, once."""
         if self._prepared:
             return
-        if self.normalize == "items" and self.items <= 0:  # before anything is synced or divided
-            raise ValueError(f"accumulate(normalize='items'): no items were counted in this "
-                             f"window (acc.items={self.items!r}); call acc.add_items(k) "
-                             f"once per micro-batch, e.g. acc.add_items(y.numel())")
-        self._prepared = True
         grads = _grads(self.optimizer)
+        if self.normalize == "items":
+            # Every data-parallel rank takes part, one with no items too (its tokens all padding):
+            # only a window with none on any rank is refused, on every rank alike, before
+            # anything is synced or divided (one rank raising alone would leave the others
+            # waiting in their all-reduce).
+            total = dp.global_items(self.items, grads, self.model)
+            if total <= 0:
+                where = "" if dp.dp_world(self.model) == 1 else f" on any rank ({total!r} in all)"
+                raise ValueError(f"accumulate(normalize='items'): no items were counted in this "
+                                 f"window{where} (acc.items={self.items!r}); call "
+                                 f"acc.add_items(k) once per micro-batch, e.g. "
+                                 f"acc.add_items(y.numel())")
+        self._prepared = True
         world = dp.manual_allreduce(grads, self.model) if self._force and self._unsynced else None
         if self.normalize == "items":
-            divisor = dp.global_items(self.items, grads, self.model)
+            divisor = total
         else:
             # The boundary call itself is not counted yet (the exit's step is no micro-batch).
             divisor = float(self.micro_batches + (0 if self._force else 1))
