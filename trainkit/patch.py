@@ -184,9 +184,6 @@ def _step_function(p: OptimizerPatch) -> Any:
                 s._buf.append((STEP_REC, n, t0, t1, s._last_step_end))
                 s._last_step_end = t1
                 s.step = n + 1  # the rest as Session.step_done, inlined: one frame per step
-                b = s._batch_step
-                if b is not None and n > b:
-                    s._batch_step = None
                 if n % s._log_every == 0:
                     s._wake()
                 if s._profiler is not None:
@@ -297,8 +294,10 @@ class PatchedLoader:
                     batch = next(it)
             except StopIteration:
                 s = _S._active
-                if s is not None and s._batch_pending:
-                    s.end_batch_step(t0)
+                if s is not None:
+                    if s._batch_pending:
+                        s.end_batch_step(t0)
+                    s._batch_step = None  # what comes after the loop: the step in progress
                 return
             t1 = now()
             s = _S._active
@@ -324,8 +323,10 @@ class PatchedLoader:
                 yield batch
             except GeneratorExit:  # the loop was left early (break, an exception)
                 s = _S._active
-                if s is not None and s._batch_pending:
-                    s.end_batch_step(now())
+                if s is not None:
+                    if s._batch_pending:
+                        s.end_batch_step(now())
+                    s._batch_step = None
                 raise
 
     def __len__(self) -> int:

@@ -118,6 +118,8 @@ class Session:
         #: the step of the batch last handed out, counted as a step, has not ended yet
         self._batch_pending = False
         self._last_step_end: Any = None  # perf_counter float, or a CUDA event on a GPU
+        #: host time (perf_counter) of the last step's end, for regions where it is a CUDA event
+        self._last_step_host: Optional[float] = None
         self._closed = False
         self._on_close: List[Callable[[], None]] = []
         #: technique -> value in force, as read by tk.technique during this session.
@@ -143,9 +145,8 @@ class Session:
         """Record a user scalar under ``name`` (e.g. ``"loss"``) at the current step.
 
         The value is filed under the step that the batch last handed out by a patched loader
-        feeds (so logging after ``optimizer.step()`` is right, and a value logged after the
-        epoch's loop goes under its last step) until a later step ends; else under the step in
-        progress.
+        feeds while its loop goes on (so logging after ``optimizer.step()`` is right); else, with
+        no patched loader or after its loop, under the step in progress.
         Tensors are not read here: a CPU tensor is read at once (no device to wait for), a CUDA
         tensor once the GPU has passed it, by the writer thread. Several values logged within one
         step (the micro-batches of an accumulation window) are averaged.
@@ -267,10 +268,8 @@ class Session:
                 self._buf.append((STEP_TIME, step, timing.PendingInterval(last, end, release_start=False)))
             self._buf.append((STEP_END, step, timing.now()))
         self._last_step_end = end
+        self._last_step_host = end if end.__class__ is float else timing.now()
         self.step = step + 1
-        b = self._batch_step
-        if b is not None and step > b:  # the batch's step ended before this one: no patched
-            self._batch_step = None  # loader feeds this loop; values go by the optimizer steps
         if step % self._log_every == 0:
             self._wake()
         if self._profiler is not None:

@@ -121,9 +121,8 @@ class _Region:
 
             rf = torch.profiler.record_function(self.name)
             rf.__enter__()
-        s = _S._active
-        ev0 = timing.cuda_event() if _TC._initialized and s is not None else None
-        self._starts.append((timing.now(), ev0, rf, None if s is None else s.step))
+        ev0 = timing.cuda_event() if _TC._initialized and _S._active is not None else None
+        self._starts.append((timing.now(), ev0, rf))
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
         t1 = timing.now()
@@ -131,27 +130,22 @@ class _Region:
         s = _S._active
         if start.__class__ is float:  # entered by the fast region
             if s is not None:
-                # The step of the iteration it ran in: the batch's (as for s.log), else the step
-                # in progress, or the one that ended inside the region (one wrapping step()).
-                n = s._batch_step
-                if n is None:
-                    n = s.step
+                n = s.step  # _step_of(s, start), inlined: a call per region is a cost per step
+                if n > 1:
                     end = s._last_step_end
-                    if n > 1 and end.__class__ is float and start < end:
+                    if end.__class__ is not float:
+                        end = s._last_step_host
+                    if end is not None and start < end:
                         n -= 1
                 s._buf.append((self.tag, n, (t1 - start) * 1e3))
             return
-        t0, ev0, rf, entered_at = start
+        t0, ev0, rf = start
         if s is not None:
-            n = s._batch_step
-            if n is None:
-                n = s.step
-                if entered_at is not None and entered_at < n:  # a step ended inside the region
-                    n -= 1
             if ev0 is not None:
-                s._buf.append((self.tag, n, timing.PendingInterval(ev0, timing.cuda_event())))
+                s._buf.append((self.tag, _step_of(s, t0),
+                               timing.PendingInterval(ev0, timing.cuda_event())))
             else:
-                s._buf.append((self.tag, n, (t1 - t0) * 1e3))
+                s._buf.append((self.tag, _step_of(s, t0), (t1 - t0) * 1e3))
         if rf is not None:
             rf.__exit__(et, ev, tb)
 
@@ -169,6 +163,25 @@ class _Region:
 
     def __repr__(self) -> str:
         return f"tk.profile_region({self.name!r})"
+
+
+def _step_of(s: Any, start: float) -> int:
+    """The step a region that began at host time ``start`` goes under: the step in progress, or
+    the step that ended inside the region (one wrapping ``optimizer.step()``, or a whole epoch).
+
+    By time, not by the batch a patched loader handed out last (as ``s.log`` files): a region
+    that begins after a step ended cannot be told from one of the next step (the chunks of a
+    batch stepped several times, a region in ``Dataset.__getitem__``), and after the epoch's loop
+    (an evaluation) it goes under the step in progress, which the writer has not written yet.
+    """
+    n = s.step
+    if n > 1:  # before the first step, the last step's "end" is where the first step's data began
+        end = s._last_step_end
+        if end.__class__ is not float:  # a CUDA event on a GPU: the host time of that step's end
+            end = s._last_step_host
+        if end is not None and start < end:
+            return n - 1
+    return n
 
 
 def _fast_region(name: str) -> _Region:
@@ -196,9 +209,8 @@ def profile_region(name: str) -> _Region:
     Host time on the CPU; on a GPU, the device time between two CUDA events, resolved later by the
     session's writer thread (no synchronize). While a profiler records, the block also appears in
     the trace as a ``record_function`` range of the same name. Time of a region entered several
-    times in one step (one per micro-batch) adds up. It is filed as ``s.log`` values are: under
-    the step of the batch a patched loader handed out last, else the step in progress, or the
-    step that ended inside the region (one wrapping ``optimizer.step()``).
+    times in one step (one per micro-batch) adds up. It goes under the step in progress, or
+    under the step that ended inside it (a region wrapping ``optimizer.step()``, or an epoch).
 
     Example::
 
