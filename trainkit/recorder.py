@@ -147,8 +147,8 @@ class Recorder:
         completed step written once a record ``_BEHIND`` steps later shows up. Records come
         nearly in step order, not quite: a region after a GAN's first ``optimizer.step()`` goes
         under the step in progress, the second optimizer's update inside it under the step just
-        ended (and ``s.log(..., step=k)`` goes anywhere); a step
-        ``_BEHIND`` steps back gets no more records from the loop. Holding every step of
+        ended (and ``s.log(..., step=k)`` goes anywhere); a step ``_BEHIND`` steps back gets no
+        more records from the loop. Holding every step of
         the pass at once instead (seconds of steps, a dict and a list per tag each) had Python's
         GC promote them by the ten thousand, which brought on full collections costing the
         training thread ~10-20 us a step.
