@@ -1,6 +1,8 @@
 """Tiny models and loops shared by the tests."""
 from __future__ import annotations
 
+import time
+
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -24,3 +26,11 @@ def train(model, opt, batches, *, log=None) -> None:
         opt.zero_grad()
         if log is not None:
             log("loss", loss)
+
+
+class SlowSGD(torch.optim.SGD):
+    """SGD whose step takes at least 5 ms: an update time that stands out of a test's noise."""
+
+    def step(self, closure=None):
+        time.sleep(0.005)
+        return super().step(closure)

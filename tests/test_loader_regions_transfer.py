@@ -11,7 +11,7 @@ import torch
 
 import trainkit as tk
 from tests.conftest import scalars
-from tests.helpers import loader, mlp, train
+from tests.helpers import SlowSGD, loader, mlp, train
 
 
 class SlowDataset(torch.utils.data.Dataset):
@@ -163,18 +163,12 @@ def test_region_made_before_a_profiler_is_traced_while_it_records(tmp_path):
     assert len(scalars(tmp_path)["trainkit/region/early_ms"]) == 1  # one step: the three add up
 
 
-class _SlowStepSGD(torch.optim.SGD):
-    def step(self, closure=None):
-        time.sleep(0.004)
-        return super().step(closure)
-
-
 @pytest.mark.parametrize("profiling", [False, True], ids=["fast-region", "full-region"])
 def test_a_region_wrapping_the_step_goes_under_the_step_it_timed(tmp_path, profiling):
     # No patched loader: the step ends inside the region, which belongs to that step (not to the
     # next one). Under a profiler a region takes its full path (record_function), same filing.
     model = mlp()
-    opt = tk.patch(_SlowStepSGD(model.parameters(), lr=0.1))
+    opt = tk.patch(SlowSGD(model.parameters(), lr=0.1))
     batches = list(loader(n=40, batch_size=8))
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profiling else None
     with tk.session(logdir=tmp_path, system_metrics=False):
@@ -202,7 +196,7 @@ def test_a_region_wrapping_the_step_goes_under_the_step_it_timed(tmp_path, profi
 
 def test_regions_by_time_and_values_by_the_batch_while_its_loop_goes_on(tmp_path):
     model = mlp()
-    opt = tk.patch(_SlowStepSGD(model.parameters(), lr=0.1))
+    opt = tk.patch(SlowSGD(model.parameters(), lr=0.1))
     batches = list(loader(n=40, batch_size=8))
     with tk.session(logdir=tmp_path, system_metrics=False) as s:
         with tk.profile_region("epoch"):

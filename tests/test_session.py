@@ -11,7 +11,7 @@ import torch
 
 import trainkit as tk
 from tests.conftest import scalars
-from tests.helpers import loader, mlp, train
+from tests.helpers import SlowSGD, loader, mlp, train
 
 
 def test_loop_records_every_step_in_tensorboard(tmp_path):
@@ -386,12 +386,6 @@ def test_records_and_the_writer_stay_out_of_the_older_gc_generations(tmp_path):
     assert [st for st, _ in scalars(tmp_path)["loss"]] == list(range(1, 2001))
 
 
-class _SlowSGD(torch.optim.SGD):
-    def step(self, closure=None):
-        time.sleep(0.005)
-        return super().step(closure)
-
-
 def _one_event_per_step(logdir):
     """``tag -> [(step, value)]``, checking that no tag has two events at one step."""
     got = scalars(logdir)
@@ -411,7 +405,7 @@ def test_a_gans_two_optimizers_make_one_event_per_step(tmp_path, log_every, patc
     # its update_ms D's and G's together.
     D, G = torch.nn.Linear(4, 1), torch.nn.Linear(4, 4)
     od = tk.patch(torch.optim.SGD(D.parameters(), lr=0.01))
-    og = tk.patch(_SlowSGD(G.parameters(), lr=0.01))
+    og = tk.patch(SlowSGD(G.parameters(), lr=0.01))
     data = [torch.randn(8, 4) for _ in range(12)]
     with tk.session(logdir=tmp_path, system_metrics=False, log_every=log_every) as s:
         for i, x in enumerate(tk.patch(data) if patched_loader else data):
