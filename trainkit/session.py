@@ -262,13 +262,14 @@ class Session:
         if isinstance(end, float):
             if last is not None:
                 self._buf.append((STEP_TIME, step, (end - last) * 1e3))
-            self._buf.append((STEP_END, step, end))
+            host = end
         else:
             if last is not None and not isinstance(last, float):
                 self._buf.append((STEP_TIME, step, timing.PendingInterval(last, end, release_start=False)))
-            self._buf.append((STEP_END, step, timing.now()))
+            host = timing.now()  # the host time of a step that ends at a CUDA event
+        self._buf.append((STEP_END, step, host))
         self._last_step_end = end
-        self._last_step_host = end if end.__class__ is float else timing.now()
+        self._last_step_host = host
         self.step = step + 1
         if step % self._log_every == 0:
             self._wake()
