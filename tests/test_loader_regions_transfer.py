@@ -579,6 +579,59 @@ def test_a_batch_step_holds_its_wait_and_its_body_the_last_and_a_left_one_too(tm
             assert sps == pytest.approx(4 / (ms / 1e3), rel=1e-4)
 
 
+def test_zipped_and_nested_patched_loaders_count_one_step_per_iteration_when_batches_are_steps(
+        tmp_path):
+    # Two patched loaders zipped (paired evaluation sets): a step per pair, holding both waits
+    # and both batches' items. Nested: the inner loop's batches are the steps (the outer
+    # batch's wait joins the first of them), and the inner loop's end does not end a step
+    # twice. Before, every batch of either loader was a step of its own.
+    a = [torch.zeros(4, 2)] * 3
+    b = [torch.zeros(6, 2)] * 3
+    with tk.session(logdir=tmp_path / "zip", system_metrics=False) as s:
+        for i, (x, y) in enumerate(zip(tk.patch(a), tk.patch(b))):
+            time.sleep(0.01)
+            s.log("i", float(i))
+    got = scalars(tmp_path / "zip")
+    assert got["i"] == [(1, 0.0), (2, 1.0), (3, 2.0)]
+    assert [st for st, _ in got["trainkit/step_time_ms"]] == [1, 2, 3]
+    for (_, sps), (_, ms) in zip(got["trainkit/samples_per_s"], got["trainkit/step_time_ms"]):
+        assert sps == pytest.approx(10 / (ms / 1e3), rel=1e-4)  # 4 + 6 items a step
+    with tk.session(logdir=tmp_path / "zip_short", system_metrics=False):
+        for _ in zip(tk.patch(a), tk.patch(b[:2])):  # the second one ends the pairs
+            time.sleep(0.01)
+    got = scalars(tmp_path / "zip_short")
+    assert [st for st, _ in got["trainkit/step_time_ms"]] == [1, 2, 3]  # the third: a's last wait
+    with tk.session(logdir=tmp_path / "nested", system_metrics=False) as s:
+        for i, _ in enumerate(tk.patch(a[:2])):
+            for j, _ in enumerate(tk.patch(b)):
+                time.sleep(0.01)
+                s.log("ij", float(10 * i + j))
+    got = scalars(tmp_path / "nested")
+    assert got["ij"] == [(1, 0.0), (2, 1.0), (3, 2.0), (4, 10.0), (5, 11.0), (6, 12.0)]
+    assert [st for st, _ in got["trainkit/step_time_ms"]] == [1, 2, 3, 4, 5, 6]
+    assert all(10.0 <= ms < 1000 for _, ms in got["trainkit/step_time_ms"])
+
+
+def test_zipped_patched_loaders_feeding_training_add_up_in_the_step(tmp_path):
+    # Two sources per step (domain adaptation): both waits and both batches' items in the step
+    # the optimizer ends, and the loss logged after the step under it.
+    model = mlp()
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    src, tgt = list(loader(n=24, batch_size=8)), list(loader(n=12, batch_size=4, seed=2))
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        for (x, y), (xt, _) in zip(tk.patch(src), tk.patch(tgt)):
+            loss = torch.nn.functional.cross_entropy(model(x), y) + model(xt).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            s.log("loss", loss)
+    got = scalars(tmp_path)
+    assert [st for st, _ in got["loss"]] == [1, 2, 3]
+    assert [st for st, _ in got["trainkit/data_wait_ms"]] == [1, 2, 3]
+    for (_, sps), (_, ms) in zip(got["trainkit/samples_per_s"], got["trainkit/step_time_ms"]):
+        assert sps == pytest.approx(12 / (ms / 1e3), rel=1e-4)  # 8 + 4 items a step
+
+
 def test_an_optimizer_patched_inside_the_loop_takes_the_batch_in_progress(tmp_path):
     # No optimizer was patched at the first batch, so it was counted as a step; the optimizer
     # patched (lazily) in that iteration makes it a training step: no phantom step.

@@ -282,6 +282,7 @@ class PatchedLoader:
         count = ItemsCounter()  # one per pass: it learns where this loader's items are
         patched = _patched.data  # the WeakSet's own set: empty when no optimizer is patched
         tensor = count.tensor
+        mine = 0  # the step of this pass's last batch (steps count from 1)
         from torch import is_grad_enabled
 
         while True:
@@ -295,7 +296,7 @@ class PatchedLoader:
             except StopIteration:
                 s = _S._active
                 if s is not None:
-                    if s._batch_pending:
+                    if s._batch_pending and mine == s.step:
                         s.end_batch_step(t0)
                     s._batch_step = None  # what comes after the loop: the step in progress
                 return
@@ -306,10 +307,12 @@ class PatchedLoader:
                     s._last_step_end = timing.cuda_event() if regions._TC._initialized else t0
                     if patched:  # batches are steps when no optimizer here is going to step
                         s._batches_are_steps = not is_grad_enabled() or stepped_elsewhere(s)
-                if s._batch_pending:  # batches are steps: the last one's ends as this wait began
+                # Batches are steps: the step in progress ends as this wait began, if this pass
+                # already fed it; else this batch joins it (a loader zipped with another one).
+                if s._batch_pending and mine == s.step:
                     s._batch_pending = False
                     s.step_done(timing.cuda_event() if regions._TC._initialized else t0)
-                step = s._batch_step = s.step
+                step = s._batch_step = mine = s.step
                 # The common batch, (tensor, ...), counted inline; anything else by its path.
                 if count.first and (batch.__class__ is tuple or batch.__class__ is list):
                     first = batch[0] if batch else None
@@ -324,7 +327,7 @@ class PatchedLoader:
             except GeneratorExit:  # the loop was left early (break, an exception)
                 s = _S._active
                 if s is not None:
-                    if s._batch_pending:
+                    if s._batch_pending and mine == s.step:
                         s.end_batch_step(now())
                     s._batch_step = None
                 raise
