@@ -1,7 +1,9 @@
 """tk.technique, the CLI entry points, and the promise that importing trainkit is cheap."""
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -40,6 +42,29 @@ def test_technique_from_environment(monkeypatch):
     monkeypatch.setenv("TRAINKIT_TECHNIQUES", "[1]")
     with pytest.raises(ValueError, match="must be a JSON object"):
         tk.technique("fused", True)
+
+
+@pytest.mark.parametrize("raw, text", [
+    ('{"amp": "false"}', "'amp' is 'false'; it must be true or false"),
+    ('{"compile": 0}', "'compile' is 0; it must be true or false"),
+    ('{"num_workers": "4"}', "'num_workers' is '4'; it must be an int >= 0"),
+    ('{"num_workers": -1}', "'num_workers' is -1"),
+    ('{"num_workers": true}', "'num_workers' is True")])
+def test_a_builtin_techniques_override_of_the_wrong_type_is_refused(monkeypatch, tmp_path, raw, text):
+    # A JSON "false" is a non-empty string: taken as it is, it would switch the technique on.
+    monkeypatch.setenv("TRAINKIT_TECHNIQUES", raw)
+    with pytest.raises(ValueError, match=re.escape(text)):
+        tk.technique("amp", True)
+    with pytest.raises(ValueError, match=re.escape(text)):  # at session start, before anything
+        tk.session(logdir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    monkeypatch.delenv("TRAINKIT_TECHNIQUES")
+    with pytest.raises(ValueError, match=re.escape(text)):
+        with switches.overrides(json.loads(raw)):
+            pass
+    assert tk.technique("amp", True) is True
+    with switches.overrides({"my_hook": "any value", "amp": False, "num_workers": 0}):
+        assert tk.technique("my_hook", 1) == "any value"  # a user's own switch: any value
 
 
 @pytest.mark.parametrize("bad", [3, "", "has space", None])

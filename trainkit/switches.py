@@ -31,6 +31,19 @@ def _check_name(name: Any) -> str:
     return name
 
 
+def _check_values(values: Mapping[str, Any], where: str) -> None:
+    """Refuse a built-in technique's override of the wrong type: a JSON ``"false"`` is a
+    non-empty string, which would switch the technique on."""
+    for name, value in values.items():
+        if name == "num_workers":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{where}: 'num_workers' is {value!r}; it must be an int >= 0, "
+                                 f"e.g. {{\"num_workers\": 4}}")
+        elif name in BUILTIN and not isinstance(value, bool):
+            raise ValueError(f"{where}: {name!r} is {value!r}; it must be true or false, "
+                             f"e.g. {{\"{name}\": false}}")
+
+
 def _env_overrides() -> Dict[str, Any]:
     global _from_env, _env_raw
     raw = _env.get(_env.TECHNIQUES)
@@ -45,6 +58,7 @@ def _env_overrides() -> Dict[str, Any]:
             if not isinstance(parsed, dict):
                 raise ValueError(f"{_env.TECHNIQUES}={raw!r} must be a JSON object such as "
                                  f"'{{\"amp\": false}}'")
+            _check_values(parsed, f"{_env.TECHNIQUES}={raw!r}")
         _from_env, _env_raw = parsed, raw
     return _from_env or {}
 
@@ -87,6 +101,7 @@ def overrides(values: Mapping[str, Any]) -> Iterator[None]:
         raise TypeError(f"overrides({values!r}): pass a mapping such as {{'amp': False}}")
     for key in values:
         _check_name(key)
+    _check_values(values, f"overrides({dict(values)!r})")
     prev = _in_process
     _in_process = dict(values)
     try:
