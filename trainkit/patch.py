@@ -56,6 +56,8 @@ class OptimizerPatch:
         self.gate: Any = None
         #: the ``set_to_none`` technique's value for ``zero_grad()`` calls without arguments.
         self.set_to_none: Optional[bool] = None
+        #: the arguments of the last ``zero_grad`` call the gate held
+        self.held_zero_grad: Any = ((), {})
         self.compiled = False
         #: undoes what the ``fused`` technique changed (trainkit.techniques.fused), if anything.
         self.undo_fused: Optional[Callable[[], None]] = None
@@ -78,8 +80,22 @@ class OptimizerPatch:
         if s is not None and (s._batches_are_steps or s._batch_pending):
             s.optimizer_steps_from_here()  # also for an optimizer patched inside the loop
         gate = self.gate
-        if gate is not None and not gate.should_step():
-            return None  # inside an accumulation window: gradients keep adding up
+        if gate is not None:
+            closure = kwargs.get("closure", args[0] if args else None)
+            if closure is None:
+                if not gate.should_step():
+                    return None  # inside an accumulation window: gradients keep adding up
+            else:
+                # Each step(closure) call is a micro-batch, and the closure its forward and
+                # backward: it runs here, before the gate decides, so a window's last
+                # micro-batch is in the sum the gate divides; a real step gets its loss back.
+                loss = _run_closure(closure, s)
+                if not gate.should_step():
+                    return loss
+                if "closure" in kwargs:
+                    kwargs["closure"] = lambda: loss
+                else:
+                    args = (lambda: loss,) + args[1:]
         if s is None:
             return self.core(*args, **kwargs)
         if self.session is None or self.session() is not s:
@@ -125,10 +141,15 @@ class OptimizerPatch:
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:
         gate = self.gate
         if gate is not None and gate.hold_zero_grad():
+            self.held_zero_grad = (args, kwargs)
             return None  # inside an accumulation window: keep the gradients
+        return self.orig_zero_grad(*args, **self.zero_grad_kwargs(args, kwargs))
+
+    def zero_grad_kwargs(self, args: Any, kwargs: Any) -> Any:
+        """``kwargs`` with the ``set_to_none`` technique's value when the call gives none."""
         if self.set_to_none is not None and not args and "set_to_none" not in kwargs:
-            kwargs["set_to_none"] = self.set_to_none
-        return self.orig_zero_grad(*args, **kwargs)
+            return dict(kwargs, set_to_none=self.set_to_none)
+        return kwargs
 
 
 def stepped_elsewhere(s: Any) -> bool:
@@ -139,6 +160,19 @@ def stepped_elsewhere(s: Any) -> bool:
         if ref is None or ref() is s:
             return False
     return True
+
+
+def _run_closure(closure: Callable[[], Any], s: Any) -> Any:
+    """Call ``closure`` as an optimizer's step does (grad enabled), its time as ``closure_ms``."""
+    import torch
+
+    t0 = timing.now()
+    try:
+        with torch.enable_grad():
+            return closure()
+    finally:
+        if s is not None:
+            s._buf.append((CLOSURE_MS, s.step, (timing.now() - t0) * 1e3))
 
 
 def _timed_closure(closure: Callable[[], Any], acc: list) -> Callable[[], Any]:

@@ -22,10 +22,16 @@ def big_batch_oracle(model: torch.nn.Module, make_opt: Callable, data, n: int,
                      reduction: str = "mean", clip: Optional[float] = None) -> torch.nn.Module:
     """One optimizer step per window of ``n`` micro-batches on the concatenated batch (its
     gradient clipped to ``clip`` first, when given)."""
+    return windows_oracle(model, make_opt, [data[i:i + n] for i in range(0, len(data), n)],
+                          reduction=reduction, clip=clip)
+
+
+def windows_oracle(model: torch.nn.Module, make_opt: Callable, windows, reduction: str = "mean",
+                   clip: Optional[float] = None) -> torch.nn.Module:
+    """One optimizer step per window (a list of micro-batches) on its concatenated batch."""
     m = copy.deepcopy(model)
     opt = make_opt(m.parameters())
-    for i in range(0, len(data), n):
-        window = data[i:i + n]
+    for window in windows:
         x = torch.cat([w[0] for w in window])
         y = torch.cat([w[1] for w in window])
         opt.zero_grad()

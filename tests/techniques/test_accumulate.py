@@ -4,9 +4,10 @@ import pytest
 import torch
 
 import trainkit as tk
+from tests.conftest import scalars
 from trainkit.patch import optimizer_patch
 
-from ._oracle import batches, big_batch_oracle, max_rel_err, model64
+from ._oracle import batches, big_batch_oracle, max_rel_err, model64, windows_oracle
 
 OPTS = {
     "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
@@ -48,14 +49,15 @@ def test_clip_grad_norm_clips_each_window_as_the_big_batch(name):
     opt = OPTS[name](m.parameters())
     norms = []
     with tk.accumulate(4, opt, clip_grad_norm=0.05) as acc:
+        # Each real step sees the window's gradient clipped (the exit's step of the partial
+        # window too, after which the held zero_grad() clears it).
+        opt.register_step_pre_hook(lambda *_: norms.append(
+            (acc.grad_norm.item(), _norm([p.grad for p in m.parameters()]))))
         for x, y in data:
             torch.nn.functional.mse_loss(m(x), y).backward()
             opt.step()
-            if acc.micro_batches == 0:  # a real step just ran: its gradient was clipped
-                norms.append((acc.grad_norm.item(), _norm([p.grad for p in m.parameters()])))
             opt.zero_grad()
-    norms.append((acc.grad_norm.item(), _norm([p.grad for p in m.parameters()])))
-    assert acc.steps == 3
+    assert acc.steps == 3 and len(norms) == 3
     assert max_rel_err(m, oracle) < 1e-10
     assert max_rel_err(m, unclipped) > 1e-3  # the clip was not a no-op
     assert all(before > 0.05 and abs(after - 0.05) < 1e-6 for before, after in norms), norms
@@ -222,6 +224,84 @@ def test_zero_grad_held_inside_window_and_step_only_at_boundaries():
         assert acc.steps == 1 and acc.micro_batches == 0
         opt.zero_grad()
         assert all(p.grad is None for p in m.parameters())
+
+
+@pytest.mark.parametrize("name", sorted(OPTS))
+@pytest.mark.parametrize("zero_first", [False, True], ids=["zero_grad_last", "zero_grad_first"])
+def test_a_block_per_epoch_with_a_partial_last_window_equals_the_big_batches(name, zero_first):
+    # The exit's step of a partial window does the zero_grad() the loop asked for after its
+    # last micro-batch (held while the window was open): the next block starts clean. Before,
+    # that window's gradient was added into the next epoch's first window.
+    base = model64()
+    data = batches([5] * 5)
+    oracle = windows_oracle(base, OPTS[name], [data[0:2], data[2:4], data[4:5]] * 2)
+    m = copy.deepcopy(base)
+    opt = OPTS[name](m.parameters())
+    for _epoch in range(2):
+        with tk.accumulate(2, opt) as acc:
+            for x, y in data:
+                if zero_first:
+                    opt.zero_grad()
+                torch.nn.functional.mse_loss(m(x), y).backward()
+                opt.step()
+                if not zero_first:
+                    opt.zero_grad()
+        assert acc.steps == 3
+        if not zero_first:
+            assert all(p.grad is None for p in m.parameters())
+    assert max_rel_err(m, oracle) < 1e-10
+
+
+def test_the_exits_step_keeps_the_held_zero_grads_arguments():
+    m = model64()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x, y = batches([4])[0]
+    with tk.accumulate(2, opt):
+        torch.nn.functional.mse_loss(m(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+    assert all(p.grad is not None and not p.grad.any() for p in m.parameters())
+
+
+def test_closure_steps_accumulate_as_the_big_batch(tmp_path):
+    # Each step(closure) call is a micro-batch: the closure runs at every call (before, it was
+    # skipped between window ends, while the divisor still counted it), and returns its loss.
+    base = model64()
+    data = batches([5] * 6)
+    oracle = big_batch_oracle(base, OPTS["sgd"], data, 4, clip=0.05)
+    m = copy.deepcopy(base)
+    opt = OPTS["sgd"](m.parameters())
+    calls, losses = [], []
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        with tk.accumulate(4, opt, clip_grad_norm=0.05) as acc:
+            for x, y in data:
+                def closure(x=x, y=y):
+                    opt.zero_grad()
+                    loss = torch.nn.functional.mse_loss(m(x), y)
+                    loss.backward()
+                    calls.append(1)
+                    return loss
+                losses.append(opt.step(closure))
+    assert len(calls) == 6 and acc.steps == 2
+    assert all(isinstance(v, torch.Tensor) for v in losses)
+    assert max_rel_err(m, oracle) < 1e-10
+    got = scalars(tmp_path)
+    assert [st for st, _ in got["trainkit/closure_ms"]] == [1, 2]
+
+
+def test_exception_after_a_windows_first_backward_discards_its_gradient():
+    m = model64()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    data = batches([4] * 3)
+    with pytest.raises(KeyError):
+        with tk.accumulate(2, opt):
+            for i, (x, y) in enumerate(data):
+                torch.nn.functional.mse_loss(m(x), y).backward()
+                if i == 2:  # the first micro-batch of the second window: no step() call yet
+                    raise KeyError("boom")
+                opt.step()
+                opt.zero_grad()
+    assert all(p.grad is None for p in m.parameters())
 
 
 def test_exception_discards_partial_window():

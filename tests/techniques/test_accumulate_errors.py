@@ -97,3 +97,20 @@ def test_fsdp2_model_on_a_torch_without_its_end_of_backward_step_is_refused_up_f
     msg = str(e.value)
     assert "FSDP2" in msg and torch.__version__ in msg and "_root_post_backward_final_callback" in msg
     assert optimizer_patch(opt) is None and not m._forward_pre_hooks
+
+
+def test_swapped_arguments_and_lbfgs_are_refused_and_numpy_counts_taken():
+    import numpy as np
+
+    m = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match=r"accumulate\(SGD\(\.\.\.\), 4\): the arguments are swapped"):
+        with tk.accumulate(opt, 4):
+            pass
+    lbfgs = torch.optim.LBFGS(m.parameters())
+    with pytest.raises(TypeError, match="LBFGS evaluates its closure several times"):
+        with tk.accumulate(2, lbfgs):
+            pass
+    assert optimizer_patch(lbfgs) is None  # refused before anything changed
+    with tk.accumulate(np.int64(3), opt) as acc:
+        assert acc.n == 3 and type(acc.n) is int

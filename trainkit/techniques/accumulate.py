@@ -24,7 +24,7 @@ import math
 import numbers
 import sys
 import warnings
-from typing import Any, Callable, Iterator, List, Literal, Optional
+from typing import Any, Callable, Iterator, List, Literal, Optional, Tuple
 
 from .._text import brief
 from ..patch import optimizer_patch, patch as _patch_opt, wrap_zero_grad
@@ -38,13 +38,17 @@ _open: List["Accumulator"] = []
 
 
 def _check(n: Any, optimizer: Any, model: Any, normalize: Any,
-           clip_grad_norm: Any) -> Optional[float]:
-    """Refuse bad arguments before any state changes; the max norm as a float (or None)."""
+           clip_grad_norm: Any) -> Tuple[int, Optional[float]]:
+    """Refuse bad arguments before any state changes; n as an int, the max norm as a float."""
     import torch
 
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"accumulate(n={n!r}): n must be a positive int (micro-batches per "
+    if isinstance(n, torch.optim.Optimizer) and isinstance(optimizer, numbers.Integral):
+        raise TypeError(f"accumulate({brief(n)}, {optimizer!r}): the arguments are swapped; "
+                        f"the count comes first, e.g. accumulate({optimizer!r}, optimizer)")
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ValueError(f"accumulate(n={brief(n)}): n must be a positive int (micro-batches per "
                          f"optimizer step), e.g. accumulate(4, optimizer)")
+    n = int(n)  # a numpy integer too
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"accumulate({n}, optimizer={brief(optimizer)}): expected a "
                         f"torch.optim.Optimizer, got {type(optimizer).__name__}; e.g. "
@@ -62,7 +66,11 @@ def _check(n: Any, optimizer: Any, model: Any, normalize: Any,
     if isinstance(gate, Accumulator):
         raise ValueError(f"accumulate({n}, optimizer): this optimizer is already inside "
                          f"accumulate({gate.n}, ...); nest nothing, use one accumulate block")
-    return max_norm
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise TypeError(f"accumulate({n}, {type(optimizer).__name__}): LBFGS evaluates its closure "
+                        f"several times per step, at new parameters each time, so its steps cannot "
+                        f"be split into micro-batches; use a larger batch in the closure instead")
+    return n, max_norm
 
 
 def check_clip(max_norm: Any, call: str) -> Optional[float]:
@@ -132,6 +140,9 @@ class Accumulator:
         #: set by ``amp.step``: performs the window's step through the GradScaler.
         self.amp_step: Optional[Callable[[], Any]] = None
         self._amp_stepping = False  # amp.step's own scaler.step is under way
+        #: a zero_grad() was held after the window's last step() call: the exit's step of a
+        #: partial window does it (else that window's gradients would start the next block)
+        self._zero_held = False
 
     # -- public --------------------------------------------------------------------------------
     @property
@@ -170,6 +181,7 @@ class Accumulator:
                     "window's last micro-batch")
             self.micro_batches += 1
             self._unsynced = self._sync_off()
+            self._zero_held = False
             return False
         if self.n > 1 and not self._amp_stepping and _is_user_scaler_step():
             # Only at the window's end, yet still wrong: a step GradScaler skips (inf/nan) never
@@ -188,7 +200,10 @@ class Accumulator:
         return True
 
     def hold_zero_grad(self) -> bool:
-        return self.micro_batches > 0
+        if self.micro_batches > 0:
+            self._zero_held = True
+            return True
+        return False
 
     # -- for amp.step and the exit ---------------------------------------------------------------
     def prepare(self) -> None:
@@ -230,6 +245,7 @@ class Accumulator:
 
     def end_window(self, *, stepped: bool) -> None:
         self.micro_batches = 0
+        self._zero_held = False
         self.items = 0.0
         self._prepared = False
         self._unsynced = False
@@ -269,6 +285,7 @@ class Accumulator:
         if not _grads(self.optimizer):  # nothing to step on: close the empty window
             self.end_window(stepped=False)
             return
+        zero = self._zero_held  # the loop's zero_grad() after the last micro-batch, held
         self._force = True
         try:
             if self.amp_step is not None:
@@ -279,13 +296,17 @@ class Accumulator:
             self._force = False
         if self.micro_batches:  # a skipped AMP step does not reach the gate
             self.end_window(stepped=False)
+        if zero:  # as after a full window: the next block starts from no gradients
+            p = optimizer_patch(self.optimizer)
+            args, kwargs = p.held_zero_grad
+            p.orig_zero_grad(*args, **p.zero_grad_kwargs(args, kwargs))
 
     def discard(self) -> None:
-        """Drop a partial window's gradients (the block left with an exception)."""
-        if self.micro_batches:
-            optimizer_patch(self.optimizer).orig_zero_grad(set_to_none=True)
-            if self._unsynced and dp.is_fsdp2(self.model):
-                dp.fsdp2_drop_held_back(self.model)
+        """Drop a partial window's gradients (the block left with an exception), also those of
+        a first micro-batch whose backward ran before the exception came (no step() call yet)."""
+        optimizer_patch(self.optimizer).orig_zero_grad(set_to_none=True)
+        if (self._unsynced or not self._sync) and dp.is_fsdp2(self.model):
+            dp.fsdp2_drop_held_back(self.model)
         self.end_window(stepped=False)
 
     def __repr__(self) -> str:
@@ -342,9 +363,12 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None, normalize: Normaliz
     usual per-micro-batch mean; do NOT divide it by ``n`` yourself: ``amp.backward`` warns once
     when it sees ``loss / n``, and ``trainkit lint`` finds it in the source) or by the items counted with
     ``acc.add_items`` (``normalize="items"``; losses use ``reduction="sum"``). ``zero_grad()``
-    is a no-op inside a window. On a normal exit a partial last window steps once more; when the
-    block exits with an exception that partial window is discarded (its gradients are set to
-    None) and the exception propagates. With ``model=`` (DDP, FSDP2) gradient sync runs only on a
+    is a no-op inside a window. On a normal exit a partial last window steps once more (and the
+    ``zero_grad()`` the loop called after its last micro-batch is done then, so the next block
+    starts clean); when the block exits with an exception that partial window is discarded (its
+    gradients are set to None) and the exception propagates. ``optimizer.step(closure)`` works
+    too: each call is a micro-batch, its closure run at once and its loss returned (LBFGS, which
+    re-evaluates its closure within a step, is refused). With ``model=`` (DDP, FSDP2) gradient sync runs only on a
     window's last micro-batch (FSDP1 is left to sync at every one). Use ``amp.step`` (not
     ``scaler.step``) for AMP inside the block. Clip with ``clip_grad_norm=``, not by hand: a
     ``clip_grad_norm_`` before ``optimizer.step()`` would clip each micro-batch's running,
@@ -367,7 +391,7 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None, normalize: Normaliz
                 loss = criterion(model(x), y)
                 loss.backward(); optimizer.step(); optimizer.zero_grad()
     """
-    max_norm = _check(n, optimizer, model, normalize, clip_grad_norm)
+    n, max_norm = _check(n, optimizer, model, normalize, clip_grad_norm)
     _patch_opt(optimizer)
     p = optimizer_patch(optimizer)
     acc = Accumulator(n, optimizer, model, normalize, max_norm)
