@@ -85,7 +85,8 @@ def lint_source(source: str, path: str = "<string>", *, select: Codes = None, ig
 
     Example::
 
-        >>> src = "for x in data:\\n    loss = f(x)\\n    loss.backward()\\n    loss = loss / 4\\n"
+        >>> src = ("for i, x in enumerate(data):\\n    loss = f(x)\\n    loss.backward()\\n"
+        ...        "    loss = loss / 4\\n    if i % 4 == 3:\\n        opt.step()\\n")
         >>> [(f.code, f.line) for f in lint_source(src)]
         [('TK101', 4)]
     """

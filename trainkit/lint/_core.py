@@ -23,6 +23,8 @@ from typing import Dict, FrozenSet, Iterator, List, Optional, Set, Tuple, Union
 LoopNode = Union[ast.For, ast.AsyncFor, ast.While]
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
+# ``case`` blocks of a ``match`` (Python 3.10+): each runs only when its pattern matches.
+_MATCH_CASE: Tuple[type, ...] = (ast.match_case,) if hasattr(ast, "match_case") else ()
 # Bodies that run at another time than the loop iteration that contains them.
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
@@ -64,6 +66,51 @@ def find_modulo(test: ast.AST) -> Optional[ast.BinOp]:
     return None
 
 
+_DEVICE_NAMES = ("cuda", "mps", "xpu")
+
+
+def is_device_check(test: ast.AST) -> bool:
+    """Whether an ``if`` test only asks which device there is.
+
+    ``torch.cuda.is_available()``, ``torch.backends.mps.is_available()``,
+    ``device.type == "cuda"``, ``args.device != "cpu"``, and ``and``/``or``/``not``
+    of those: on one machine the answer is the same on every iteration.
+    """
+    if isinstance(test, ast.BoolOp):
+        return all(is_device_check(v) for v in test.values)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return is_device_check(test.operand)
+    if isinstance(test, ast.Call) and not test.args and not test.keywords:
+        name = dotted(test.func) or ""
+        parts = name.split(".")
+        return parts[-1] == "is_available" and any(p in _DEVICE_NAMES for p in parts[:-1])
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Eq, ast.NotEq)):
+        sides = [test.left, test.comparators[0]]
+        consts = [s for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, str)]
+        others = [s for s in sides if s not in consts]
+        if len(consts) != 1 or len(others) != 1:
+            return False
+        value = consts[0].value.split(":")[0].lower()
+        other = others[0]
+        if isinstance(other, ast.Call) and isinstance(other.func, ast.Name) and other.func.id == "str" and other.args:
+            other = other.args[0]
+        name = (dotted(other) or "").lower()
+        return value in _DEVICE_NAMES + ("cpu",) and "device" in name
+    return False
+
+
+def is_reciprocal(expr: ast.AST, names: FrozenSet[str] = frozenset()) -> bool:
+    """``1 / n``, ``1.0 / n``, a literal such as 0.25, or a name in ``names`` bound to one of those.
+
+    Multiplying by a reciprocal is a division.
+    """
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div):
+        return isinstance(expr.left, ast.Constant) and expr.left.value == 1
+    if isinstance(expr, ast.Constant):
+        return isinstance(expr.value, float) and 0 < expr.value < 1
+    return bool(names) and dotted(expr) in names
+
+
 def names_in(node: ast.AST) -> Iterator[str]:
     """Yield every identifier and attribute name mentioned in ``node``."""
     for sub in ast.walk(node):
@@ -79,6 +126,8 @@ def pos(node: ast.AST) -> Tuple[int, int]:
 
 
 _OPTIMIZER_RE = re.compile(r"optim|(^|_)opt(_|$|\d)", re.IGNORECASE)
+# ``optD``/``optG``/``opt_D``: "opt" then a capital, case-sensitive so ``options``/``opts`` stay out.
+_OPTIMIZER_CAMEL_RE = re.compile(r"(^|_)opt[A-Z]")
 _SCHEDULER_RE = re.compile(r"sched", re.IGNORECASE)
 _SCALER_CLASS = re.compile(r"GradScaler$")
 _OPTIMIZER_CLASSES = re.compile(r"^torch\.optim\.(?!lr_scheduler)|Optimizer$|^(Adam|AdamW|SGD|RMSprop|Adagrad|LBFGS)$")
@@ -183,6 +232,25 @@ class FileContext:
         return frozenset(found)
 
     @cached_property
+    def reciprocal_names(self) -> FrozenSet[str]:
+        """Names only ever bound to a reciprocal: ``loss_scale = 1.0 / accum`` (for ``loss * loss_scale``)."""
+        good: Set[str] = set()
+        bad: Set[str] = set()
+        for node in self.nodes:
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                value = node.value
+                for target in targets:
+                    name = dotted(target)
+                    if name is None:
+                        continue
+                    if isinstance(node, ast.AugAssign) or value is None or not is_reciprocal(value):
+                        bad.add(name)
+                    else:
+                        good.add(name)
+        return frozenset(good - bad)
+
+    @cached_property
     def optimizer_names(self) -> FrozenSet[str]:
         """Names assigned from an optimizer constructor (``torch.optim.AdamW(...)``)."""
         return frozenset(self._assigned_from(_OPTIMIZER_CLASSES))
@@ -191,7 +259,8 @@ class FileContext:
         """Whether a dotted name looks like an optimizer (and not an LR scheduler)."""
         if not name or _SCHEDULER_RE.search(name):
             return False
-        return name in self.optimizer_names or bool(_OPTIMIZER_RE.search(name.split(".")[-1]))
+        last = name.split(".")[-1]
+        return name in self.optimizer_names or bool(_OPTIMIZER_RE.search(last) or _OPTIMIZER_CAMEL_RE.search(last))
 
     def is_scaler(self, name: Optional[str]) -> bool:
         """Whether a dotted name holds a ``GradScaler``."""
@@ -302,7 +371,7 @@ class TrainingLoop:
         return [c for c in self.calls if self.ctx.is_step(c)]
 
     def guards(self, node: ast.AST) -> List[ast.AST]:
-        """The ``if``/``except``/``with`` blocks between ``node`` and the loop, innermost first.
+        """The ``if``/``case``/``except``/``with`` blocks between ``node`` and the loop, innermost first.
 
         For an ``if`` the node is returned only when ``node`` sits in its body
         or else branch (not in its test).
@@ -312,34 +381,99 @@ class TrainingLoop:
         for parent in self.ctx.ancestors(node, stop=self.node):
             if isinstance(parent, ast.If) and child is not parent.test:
                 out.append(parent)
-            elif isinstance(parent, (ast.ExceptHandler, ast.With, ast.AsyncWith, ast.IfExp)):
+            elif isinstance(parent, (ast.ExceptHandler, ast.With, ast.AsyncWith, ast.IfExp) + _MATCH_CASE):
                 out.append(parent)
             child = parent
         return out
 
     def is_conditional(self, node: ast.AST) -> bool:
-        """Whether ``node`` is skipped on some iterations (under an ``if`` or ``except``)."""
-        return any(isinstance(g, (ast.If, ast.ExceptHandler, ast.IfExp)) for g in self.guards(node))
+        """Whether ``node`` is skipped on some iterations (under an ``if``, ``case`` or ``except``).
 
-    def exclusive(self, a: ast.AST, b: ast.AST) -> bool:
-        """Whether ``a`` and ``b`` sit in opposite branches of one ``if`` (never both run)."""
-        branch_of_a: Dict[ast.AST, str] = {}
-        child = a
-        for parent in self.ctx.ancestors(a, stop=self.node):
-            if isinstance(parent, ast.If):
-                branch_of_a[parent] = "body" if any(child is s for s in parent.body) else "orelse"
-            child = parent
-        child = b
-        for parent in self.ctx.ancestors(b, stop=self.node):
-            if parent in branch_of_a:
-                side = "body" if any(child is s for s in parent.body) else "orelse"
-                return side != branch_of_a[parent]
-            child = parent
+        An ``if`` that only checks which device there is (``torch.cuda.is_available()``,
+        ``device.type == "cuda"``) is not a condition: on a given machine it takes the
+        same branch on every iteration.
+        """
+        for guard in self.guards(node):
+            if isinstance(guard, (ast.If, ast.IfExp)) and not is_device_check(guard.test):
+                return True
+            if isinstance(guard, (ast.ExceptHandler,) + _MATCH_CASE):
+                return True
         return False
 
-    def modulo_guard(self, node: ast.AST) -> Optional[ast.If]:
-        """The innermost enclosing ``if`` whose test uses ``%``, if any."""
+    def branches(self, node: ast.AST) -> List[Tuple[ast.AST, object]]:
+        """The conditional branches ``node`` sits in, innermost first: ``(if, "body")``, ``(match, 2)``."""
+        out: List[Tuple[ast.AST, object]] = []
+        child = node
+        for parent in self.ctx.ancestors(node, stop=self.node):
+            if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
+                if isinstance(parent.body, list):
+                    in_body = any(child is s for s in parent.body)
+                else:  # an IfExp's body is one expression
+                    in_body = child is parent.body
+                out.append((parent, "body" if in_body else "orelse"))
+            elif _MATCH_CASE and isinstance(parent, _MATCH_CASE):
+                match = self.ctx.parents.get(parent)
+                if match is not None:
+                    out.append((match, next(i for i, case in enumerate(match.cases) if case is parent)))
+            child = parent
+        return out
+
+    def _same_test(self, first: ast.If, second: ast.If) -> bool:
+        """Two ``if`` statements testing one unchanged value: ``if use_amp:`` twice in an iteration.
+
+        The test must read names only (no call, which could answer differently), and none
+        of them may be assigned between the two ``if`` statements.
+        """
+        if ast.dump(first.test) != ast.dump(second.test):
+            return False
+        if any(isinstance(n, (ast.Call, ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)) for n in ast.walk(first.test)):
+            return False
+        read = {dotted(n) for n in ast.walk(first.test) if isinstance(n, (ast.Name, ast.Attribute))}
+        read.discard(None)
+        low, high = sorted((pos(first), pos(second)))
+        for n in self.region:
+            if low < pos(n) < high and isinstance(getattr(n, "ctx", None), (ast.Store, ast.Del)):
+                name = dotted(n)
+                if name is not None and any(r == name or r.startswith(name + ".") for r in read):  # type: ignore[union-attr]
+                    return False
+        return True
+
+    def exclusive(self, a: ast.AST, b: ast.AST) -> bool:
+        """Whether ``a`` and ``b`` never both run in one iteration.
+
+        They sit in opposite branches of one ``if`` (or in two ``case`` blocks of one
+        ``match``), or in opposite branches of two ``if`` statements with the same test whose
+        names are not reassigned between them (``if use_amp: ... if use_amp: ... else: ...``).
+        """
+        path_a = self.branches(a)
+        path_b = self.branches(b)
+        for owner_a, side_a in path_a:
+            for owner_b, side_b in path_b:
+                if (owner_a is not owner_b and side_a != side_b and isinstance(owner_a, ast.If)
+                        and isinstance(owner_b, ast.If) and self._same_test(owner_a, owner_b)):
+                    return True
+        sides_a = {id(owner): side for owner, side in path_a}
+        for owner, side in path_b:
+            if id(owner) in sides_a:
+                return side != sides_a[id(owner)]
+        return False
+
+    def modulo_guard(self, node: ast.AST) -> Optional[ast.AST]:
+        """The innermost enclosing ``if`` (or ``case``) whose condition uses ``%``, if any."""
         for guard in self.guards(node):
-            if isinstance(guard, ast.If) and has_modulo(guard.test):
-                return guard
+            if isinstance(guard, ast.If) or (_MATCH_CASE and isinstance(guard, _MATCH_CASE)):
+                if self.guard_modulo(guard) is not None:
+                    return guard
+        return None
+
+    def guard_modulo(self, guard: ast.AST) -> Optional[ast.BinOp]:
+        """The ``a % b`` of an ``if`` test, or of a ``case``'s ``match`` subject or guard."""
+        if isinstance(guard, ast.If):
+            return find_modulo(guard.test)
+        if _MATCH_CASE and isinstance(guard, _MATCH_CASE):
+            match = self.ctx.parents.get(guard)
+            for expr in (getattr(match, "subject", None), guard.guard):  # type: ignore[attr-defined]
+                found = find_modulo(expr) if expr is not None else None
+                if found is not None:
+                    return found
         return None

@@ -2,17 +2,26 @@
 
 The loss is whatever ``.backward()`` is called on: ``loss.backward()``,
 ``scaler.scale(loss).backward()``, ``(loss / n).backward()`` (already
-normalised), ``amp.backward(loss)`` or ``torch.autograd.backward(loss)``.
+normalised), ``amp.backward(loss)``, ``torch.autograd.backward(loss)``, or
+apex's ``with amp.scale_loss(loss, optimizer) as scaled_loss: scaled_loss.backward()``.
 """
 from __future__ import annotations
 
 import ast
-from typing import Optional
+from typing import FrozenSet, Optional
 
-from trainkit.lint._core import TrainingLoop, dotted, method_name, pos
+from trainkit.lint._core import TrainingLoop, dotted, is_reciprocal, method_name, pos
 
 # Reductions that keep the loss "the same value" for name tracking: ``loss.mean().backward()``.
 _REDUCTIONS = frozenset({"mean", "sum", "squeeze"})
+# ``loss.div(n)``, ``torch.div(loss, n)``: divisions spelled as calls.
+_DIVISIONS = frozenset({"div", "divide", "true_divide"})
+_MULTIPLICATIONS = frozenset({"mul", "multiply"})
+# In-place spellings: ``loss.div_(n)`` divides the loss where it stands.
+_IN_PLACE_DIVISIONS = frozenset({"div_", "divide_", "true_divide_"})
+_IN_PLACE_MULTIPLICATIONS = frozenset({"mul_", "multiply_"})
+
+_NO_NAMES: FrozenSet[str] = frozenset()
 
 
 def backward_operand(call: ast.Call) -> Optional[ast.expr]:
@@ -31,47 +40,97 @@ def unwrap_scale(expr: ast.expr) -> ast.expr:
     return expr
 
 
-def _is_reciprocal(expr: ast.expr) -> bool:
-    # ``1 / n`` or a literal such as 0.25: multiplying by it is a division.
-    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div):
-        return isinstance(expr.left, ast.Constant) and expr.left.value == 1
-    return isinstance(expr, ast.Constant) and isinstance(expr.value, float) and 0 < expr.value < 1
+def _call_division(expr: ast.expr, reciprocals: FrozenSet[str]) -> Optional[ast.expr]:
+    """The divided value of ``x.div(n)``, ``torch.div(x, n)`` or ``x.mul(1 / n)``, else None."""
+    if not isinstance(expr, ast.Call) or not isinstance(expr.func, ast.Attribute):
+        return None
+    name = expr.func.attr
+    is_method = len(expr.args) == 1
+    if name in _DIVISIONS:
+        if is_method:
+            return expr.func.value
+        if len(expr.args) == 2 and (dotted(expr.func.value) or "").split(".")[-1] == "torch":
+            return expr.args[0]
+    if name in _MULTIPLICATIONS and is_method and is_reciprocal(expr.args[0], reciprocals):
+        return expr.func.value
+    return None
 
 
-def is_normalisation(expr: ast.expr) -> bool:
-    """Whether ``expr`` divides: ``x / n``, ``x * (1 / n)``, ``(1 / n) * x``, ``x * 0.25``."""
+def is_normalisation(expr: ast.expr, reciprocals: FrozenSet[str] = _NO_NAMES) -> bool:
+    """Whether ``expr`` divides: ``x / n``, ``x * (1 / n)``, ``x * 0.25``, ``x.div(n)``, ``x * scale``.
+
+    ``reciprocals`` are names bound to ``1 / n`` (``loss_scale = 1.0 / accum``).
+    """
     expr = unwrap_scale(expr)
     if isinstance(expr, ast.BinOp):
         if isinstance(expr.op, ast.Div):
             return True
         if isinstance(expr.op, ast.Mult):
-            return _is_reciprocal(expr.left) or _is_reciprocal(expr.right)
-    return False
+            return is_reciprocal(expr.left, reciprocals) or is_reciprocal(expr.right, reciprocals)
+    return _call_division(expr, reciprocals) is not None
 
 
-def loss_name(expr: Optional[ast.expr]) -> Optional[str]:
+def loss_name(expr: Optional[ast.expr], reciprocals: FrozenSet[str] = _NO_NAMES) -> Optional[str]:
     """The dotted name of the loss in a backward operand, or ``None`` for an anonymous expression."""
     if expr is None:
         return None
     expr = unwrap_scale(expr)
     if isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Div, ast.Mult)):
-        side = expr.right if _is_reciprocal(expr.left) else expr.left
-        return loss_name(side)
+        side = expr.right if is_reciprocal(expr.left, reciprocals) else expr.left
+        return loss_name(side, reciprocals)
+    divided = _call_division(expr, reciprocals)
+    if divided is not None:
+        return loss_name(divided, reciprocals)
     if isinstance(expr, ast.Call) and method_name(expr) in _REDUCTIONS and not expr.args:
-        return loss_name(expr.func.value)  # type: ignore[attr-defined]
+        return loss_name(expr.func.value, reciprocals)  # type: ignore[attr-defined]
     return dotted(expr)
 
 
-def _normalises(stmt: ast.AST, name: str, *, of_itself: bool) -> bool:
-    """Whether ``stmt`` rebinds ``name`` to a divided value.
+def loss_of(loop: TrainingLoop, call: ast.Call) -> Optional[str]:
+    """The name of the loss whose gradient ``call`` computes, followed through apex's ``scale_loss``.
 
-    With ``of_itself`` the divided value must be the loss itself (``loss = loss / n``
-    or ``loss /= n``), not a freshly computed one.
+    ``with amp.scale_loss(loss, optimizer) as scaled_loss: scaled_loss.backward()``
+    takes the gradient of ``loss`` (times the loss scale): the loss is ``loss``.
     """
+    reciprocals = loop.ctx.reciprocal_names
+    name = loss_name(backward_operand(call), reciprocals)
+    if name is None:
+        return None
+    for parent in loop.ctx.ancestors(call, stop=loop.node):
+        if isinstance(parent, (ast.With, ast.AsyncWith)):
+            for item in parent.items:
+                expr = item.context_expr
+                if (item.optional_vars is not None and dotted(item.optional_vars) == name
+                        and isinstance(expr, ast.Call) and expr.args
+                        and "scale" in ((dotted(expr.func) or "").split(".")[-1])):
+                    return loss_name(expr.args[0], reciprocals)
+    return name
+
+
+def _in_place(stmt: ast.AST, name: str, reciprocals: FrozenSet[str]) -> bool:
+    """``loss.div_(n)`` or ``loss.mul_(1 / n)`` as a statement: divides ``name`` where it stands."""
+    if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
+        return False
+    call = stmt.value
+    if not isinstance(call.func, ast.Attribute) or dotted(call.func.value) != name or len(call.args) != 1:
+        return False
+    if call.func.attr in _IN_PLACE_DIVISIONS:
+        return True
+    return call.func.attr in _IN_PLACE_MULTIPLICATIONS and is_reciprocal(call.args[0], reciprocals)
+
+
+def _normalises(stmt: ast.AST, name: str, *, of_itself: bool, reciprocals: FrozenSet[str] = _NO_NAMES) -> bool:
+    """Whether ``stmt`` rebinds ``name`` to a divided value (or divides it in place).
+
+    With ``of_itself`` the divided value must be the loss itself (``loss = loss / n``,
+    ``loss /= n`` or ``loss.div_(n)``), not a freshly computed one.
+    """
+    if _in_place(stmt, name, reciprocals):
+        return True
     if isinstance(stmt, ast.AugAssign):
         if dotted(stmt.target) != name:
             return False
-        return isinstance(stmt.op, ast.Div) or (isinstance(stmt.op, ast.Mult) and _is_reciprocal(stmt.value))
+        return isinstance(stmt.op, ast.Div) or (isinstance(stmt.op, ast.Mult) and is_reciprocal(stmt.value, reciprocals))
     if isinstance(stmt, ast.Assign):
         targets = [dotted(t) for t in stmt.targets]
         value = stmt.value
@@ -80,9 +139,23 @@ def _normalises(stmt: ast.AST, name: str, *, of_itself: bool) -> bool:
         value = stmt.value
     else:
         return False
-    if name not in targets or not is_normalisation(value):
+    if name not in targets or not is_normalisation(value, reciprocals):
         return False
     return not of_itself or any(dotted(n) == name for n in ast.walk(value))
+
+
+def _rebinds(stmt: ast.AST, name: str) -> bool:
+    """Whether ``stmt`` binds ``name`` to a new value (``loss = loss.detach()``, ``for loss in ...``)."""
+    if isinstance(stmt, ast.Assign):
+        targets = list(stmt.targets)
+    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr, ast.For, ast.AsyncFor)):
+        targets = [stmt.target]
+    elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+        targets = [item.optional_vars for item in stmt.items if item.optional_vars is not None]
+    else:
+        return False
+    return any(isinstance(getattr(n, "ctx", None), ast.Store) and dotted(n) == name
+               for t in targets for n in ast.walk(t))
 
 
 def normalised_before(loop: TrainingLoop, call: ast.Call, name: Optional[str]) -> bool:
@@ -92,24 +165,35 @@ def normalised_before(loop: TrainingLoop, call: ast.Call, name: Optional[str]) -
 
 def normalisation_before(loop: TrainingLoop, call: ast.Call, name: Optional[str]) -> Optional[ast.AST]:
     """The node that divides the loss of ``call`` before it (the call itself when inline), or None."""
+    reciprocals = loop.ctx.reciprocal_names
     operand = backward_operand(call)
-    if operand is not None and is_normalisation(operand):
+    if operand is not None and is_normalisation(operand, reciprocals):
         return call
     if name is None:
         return None
     here = pos(call)
     for n in loop.region:
-        if pos(n) < here and _normalises(n, name, of_itself=False):
+        if pos(n) < here and _normalises(n, name, of_itself=False, reciprocals=reciprocals):
             return n
     return None
 
 
 def late_normalisation(loop: TrainingLoop, call: ast.Call, name: Optional[str]) -> Optional[ast.stmt]:
-    """The ``loss = loss / n`` that comes after ``call`` in the same iteration, if any."""
+    """The ``loss = loss / n`` that comes after ``call`` in the same iteration, if any.
+
+    The name is followed until it is rebound to something else: after
+    ``loss = loss.detach()`` a ``loss /= world_size`` divides a logged copy,
+    not the loss the backward saw.
+    """
     if name is None:
         return None
+    reciprocals = loop.ctx.reciprocal_names
     here = pos(call)
     for node in loop.region:
-        if pos(node) > here and _normalises(node, name, of_itself=True):
+        if pos(node) <= here:
+            continue
+        if _normalises(node, name, of_itself=True, reciprocals=reciprocals):
             return node  # type: ignore[return-value]
+        if _rebinds(node, name):
+            return None
     return None

@@ -7,18 +7,114 @@ The gradients of the N backwards add up, so each loss must be divided by N
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from typing import Iterator, Optional, Tuple
 
-from trainkit.lint._core import FileContext, TrainingLoop, find_modulo, method_name
-from trainkit.lint._loss import (backward_operand, late_normalisation, loss_name, normalisation_before,
-                                 normalised_before)
+from trainkit.lint._core import FileContext, TrainingLoop, dotted, method_name, pos, receiver
+from trainkit.lint._loss import backward_operand, late_normalisation, loss_of, normalisation_before, normalised_before
 from trainkit.lint._registry import Hit, rule
 
 _TK_ACCUMULATE = "or let trainkit do it: `with tk.accumulate(n, optimizer):` divides by the micro-batches actually in each window, a short last window included"
 
 
-def _accumulating_loops(ctx: FileContext) -> Iterator[Tuple[TrainingLoop, ast.Call, str]]:
-    """Each loop that steps under ``if ... % n ...``, its first such step, and ``n`` as written.
+@dataclass(frozen=True)
+class _Accumulation:
+    """A loop that accumulates gradients by hand for one optimizer step.
+
+    Attributes:
+        loop: The training loop.
+        step: The first ``step()`` under ``if ... % n ...`` that sums several backwards.
+        every: ``n`` as written in the ``%``.
+        optimizer: The name of the optimizer that ``step`` steps, when it is known.
+        backwards: The backwards whose gradients that step sums: those that also run
+            on batches where it does not step.
+    """
+
+    loop: TrainingLoop
+    step: ast.Call
+    every: str
+    optimizer: Optional[str]
+    backwards: Tuple[ast.Call, ...]
+
+
+def _stepped_optimizer(ctx: FileContext, step: ast.Call) -> Optional[str]:
+    """``opt`` for ``opt.step()``, ``scaler.step(opt)`` or ``amp.step(opt)``; None when unknown."""
+    name = receiver(step)
+    if ctx.is_optimizer(name) and not ctx.is_scaler(name):
+        return name
+    for arg in step.args:
+        if ctx.is_optimizer(dotted(arg)):
+            return dotted(arg)
+    return None
+
+
+def _first_conditional(loop: TrainingLoop, node: ast.AST) -> Optional[ast.AST]:
+    """The innermost ``if``/``case``/``except`` around ``node`` in the loop."""
+    for guard in loop.guards(node):
+        if not isinstance(guard, (ast.With, ast.AsyncWith)):
+            return guard
+    return None
+
+
+def _runs_with(loop: TrainingLoop, node: ast.AST, guard: ast.AST, step: ast.Call) -> bool:
+    """Whether ``node`` sits in ``guard`` on the step's side: it runs only on batches that step."""
+    return guard in loop.guards(node) and not loop.exclusive(node, step)
+
+
+def _fresh_gradient(ctx: FileContext, loop: TrainingLoop, step: ast.Call, guard: ast.AST, optimizer: Optional[str]) -> bool:
+    """Whether the step's own branch zeroes the gradients, then runs a backward, before stepping.
+
+    ``if i % n_critic == 0: opt_G.zero_grad(); loss_G.backward(); opt_G.step()`` (WGAN's
+    generator): whatever earlier backwards left in those gradients is wiped, so nothing
+    is accumulated across batches.
+    """
+    here = pos(step)
+    for zero in loop.calls:
+        if method_name(zero) != "zero_grad" or pos(zero) >= here or _first_conditional(loop, zero) is not guard:
+            continue
+        owner = receiver(zero)
+        if ctx.is_optimizer(owner) and optimizer is not None and owner != optimizer:
+            continue  # another optimizer's gradients
+        if loop.exclusive(zero, step):
+            continue
+        if any(pos(zero) < pos(b) < here and _runs_with(loop, b, guard, step) for b in loop.backward_calls):
+            return True
+    return False
+
+
+def _stepped_by_another(ctx: FileContext, loop: TrainingLoop, backward: ast.Call, optimizer: Optional[str]) -> bool:
+    """Whether another optimizer steps right after ``backward``, on every batch that runs it.
+
+    Its gradients are then that optimizer's, used at once: WGAN's critic
+    ``loss_D.backward(); opt_D.step()`` on every batch does not accumulate for the
+    generator's optimizer stepping every ``n_critic`` batches. "Right after" means
+    later in the iteration with no other backward in between.
+    """
+    if optimizer is None:
+        return False
+    mine = {(id(owner), side) for owner, side in loop.branches(backward)}
+    start = pos(backward)
+    for other in loop.step_calls:
+        if pos(other) <= start:
+            continue
+        if any(start < pos(b) < pos(other) for b in loop.backward_calls):
+            return False  # another backward comes first
+        name = _stepped_optimizer(ctx, other)
+        if name is None or name == optimizer:
+            continue
+        if all((id(owner), side) in mine for owner, side in loop.branches(other)):
+            return True
+    return False
+
+
+def _accumulating_loops(ctx: FileContext) -> Iterator[_Accumulation]:
+    """Each loop that sums several backwards into one step under ``if ... % n ...``.
+
+    A loop accumulates for a step only when some backward also runs on batches where
+    that step does not run, and its gradients are not wiped or used by another
+    optimizer first. A step and its backward under the same ``%`` test (a DQN that
+    trains every ``train_frequency`` environment steps), or a generator stepped every
+    ``n_critic`` batches on a freshly zeroed gradient, do not accumulate.
 
     Loops inside trainkit's ``tk.accumulate(...)`` (or accelerate's ``accumulate``)
     are left out: the helper normalises and zeroes for you.
@@ -26,9 +122,19 @@ def _accumulating_loops(ctx: FileContext) -> Iterator[Tuple[TrainingLoop, ast.Ca
     for loop in ctx.training_loops:
         for step in loop.step_calls:
             guard = loop.modulo_guard(step)
-            if guard is not None and not ctx.inside_with(step, ("accumulate",)):
-                modulo = find_modulo(guard.test)
-                yield loop, step, ast.unparse(modulo.right) if modulo is not None else "N"
+            if guard is None or ctx.inside_with(step, ("accumulate",)):
+                continue
+            optimizer = _stepped_optimizer(ctx, step)
+            if _fresh_gradient(ctx, loop, step, guard, optimizer):
+                continue
+            backwards = tuple(
+                b for b in loop.backward_calls
+                if not _runs_with(loop, b, guard, step) and not _stepped_by_another(ctx, loop, b, optimizer)
+            )
+            if backwards:
+                modulo = loop.guard_modulo(guard)
+                every = ast.unparse(modulo.right) if modulo is not None else "N"
+                yield _Accumulation(loop, step, every, optimizer, backwards)
                 break
 
 
@@ -39,10 +145,11 @@ def _accumulating_loops(ctx: FileContext) -> Iterator[Tuple[TrainingLoop, ast.Ca
     summary="the loss is divided after its backward(), so the gradients are not divided",
 )
 def check_late_normalisation(ctx: FileContext) -> Iterator[Hit]:
-    """Flag ``loss.backward(); loss = loss / n``: the division comes too late to matter."""
-    for loop in ctx.training_loops:
-        for call in loop.backward_calls:
-            name = loss_name(backward_operand(call))
+    """Flag ``loss.backward(); loss = loss / n`` in a loop that accumulates: the division comes too late."""
+    for acc in _accumulating_loops(ctx):
+        loop = acc.loop
+        for call in acc.backwards:
+            name = loss_of(loop, call)
             if normalised_before(loop, call, name):
                 continue  # dividing again afterwards (for logging) is harmless
             late = late_normalisation(loop, call, name)
@@ -50,7 +157,8 @@ def check_late_normalisation(ctx: FileContext) -> Iterator[Hit]:
                 yield Hit(
                     late,
                     f"`{ast.unparse(late)}` divides `{name}` after `{ast.unparse(call)}` on line {call.lineno}: "
-                    "the gradients were already computed from the undivided loss",
+                    f"the gradients summed over `{acc.every}` micro-batches were already computed from the "
+                    "undivided loss",
                     f"move `{ast.unparse(late)}` before `{ast.unparse(call)}`; {_TK_ACCUMULATE}",
                 )
 
@@ -63,9 +171,10 @@ def check_late_normalisation(ctx: FileContext) -> Iterator[Hit]:
 )
 def check_unnormalised_accumulation(ctx: FileContext) -> Iterator[Hit]:
     """Flag an accumulating loop (step under ``% n``) whose loss is never divided."""
-    for loop, step, every in _accumulating_loops(ctx):
-        for call in loop.backward_calls:
-            name = loss_name(backward_operand(call))
+    for acc in _accumulating_loops(ctx):
+        loop, every = acc.loop, acc.every
+        for call in acc.backwards:
+            name = loss_of(loop, call)
             # A division after backward is TK101's finding: one mistake, one report.
             if normalised_before(loop, call, name) or late_normalisation(loop, call, name) is not None:
                 continue
@@ -73,7 +182,7 @@ def check_unnormalised_accumulation(ctx: FileContext) -> Iterator[Hit]:
             yield Hit(
                 call,
                 f"`{ast.unparse(call)}` accumulates gradients over `{every}` micro-batches "
-                f"(step on line {step.lineno}) but `{shown}` is never divided: the update is `{every}` times too large",
+                f"(step on line {acc.step.lineno}) but `{shown}` is never divided: the update is `{every}` times too large",
                 f"`{shown} = {shown} / {every}` before backward; {_TK_ACCUMULATE}",
             )
 
@@ -86,15 +195,19 @@ def check_unnormalised_accumulation(ctx: FileContext) -> Iterator[Hit]:
 )
 def check_zero_grad_every_micro_batch(ctx: FileContext) -> Iterator[Hit]:
     """Flag an unconditional ``zero_grad()`` in a loop whose step is under ``% n``."""
-    for loop, step, every in _accumulating_loops(ctx):
-        for call in loop.calls:
-            if method_name(call) == "zero_grad" and not loop.is_conditional(call):
-                yield Hit(
-                    call,
-                    f"`{ast.unparse(call)}` runs on every micro-batch but the step (line {step.lineno}) "
-                    f"runs every `{every}`: the accumulated gradients are wiped, only the last micro-batch is used",
-                    f"move `{ast.unparse(call)}` under the same `if` as the step, right after it; {_TK_ACCUMULATE}",
-                )
+    for acc in _accumulating_loops(ctx):
+        for call in acc.loop.calls:
+            if method_name(call) != "zero_grad" or acc.loop.is_conditional(call):
+                continue
+            owner = receiver(call)
+            if ctx.is_optimizer(owner) and acc.optimizer is not None and owner != acc.optimizer:
+                continue  # another optimizer, stepped on every batch, zeroes its own gradients
+            yield Hit(
+                call,
+                f"`{ast.unparse(call)}` runs on every micro-batch but the step (line {acc.step.lineno}) "
+                f"runs every `{acc.every}`: the accumulated gradients are wiped, only the last micro-batch is used",
+                f"move `{ast.unparse(call)}` under the same `if` as the step, right after it; {_TK_ACCUMULATE}",
+            )
 
 
 @rule(
@@ -109,7 +222,7 @@ def check_double_normalisation(ctx: FileContext) -> Iterator[Hit]:
         for call in loop.backward_calls:
             if not ctx.inside_with(call, ("accumulate",)):
                 continue
-            name = loss_name(backward_operand(call))
+            name = loss_of(loop, call)
             node = normalisation_before(loop, call, name)
             if node is not None:
                 shown = ast.unparse(node).splitlines()[0]

@@ -11,7 +11,7 @@ import re
 from typing import Iterator, Optional, Set
 
 from trainkit.lint._core import FileContext, TrainingLoop, dotted, has_modulo, method_name, names_in
-from trainkit.lint._loss import backward_operand, loss_name
+from trainkit.lint._loss import loss_of
 from trainkit.lint._registry import Hit, rule
 
 _SYNC_METHODS = frozenset({"item", "cpu", "tolist", "numpy"})
@@ -57,7 +57,7 @@ def _printed_tensor(call: ast.Call, tensors: Set[str]) -> Optional[str]:
 def check_host_sync(ctx: FileContext) -> Iterator[Hit]:
     """Flag a GPU->CPU sync in the training step outside a logging condition."""
     for loop in ctx.training_loops:
-        tensors = {n for n in (loss_name(backward_operand(c)) for c in loop.backward_calls) if n}
+        tensors = {n for n in (loss_of(loop, c) for c in loop.backward_calls) if n}
         for call in loop.calls:
             if method_name(call) in _SYNC_METHODS and not call.args and not call.keywords:
                 found = f"`{ast.unparse(call)}`"
