@@ -320,3 +320,44 @@ def test_a_device_check_is_not_a_condition() -> None:
     """
     assert _pairs(src) == [("TK301", 11), ("TK301", 13)]
     assert _pairs(src.replace('device.type == "cuda"', "step % 100 == 0")) == [("TK301", 11)]
+
+
+# --------------------------------------------------------------------------- TK201: where update() may be
+
+
+def test_scaler_step_per_optimizer_with_one_update_in_the_batch_loop() -> None:
+    src = """
+    import torch
+    def train(model, loader, optimizers):
+        scaler = torch.amp.GradScaler("cuda")
+        for x, y in loader:
+            for opt in optimizers:
+                opt.zero_grad()
+            scaler.scale(model(x, y)).backward()
+            for opt in optimizers:
+                scaler.step(opt)
+            scaler.update()
+    """
+    assert _pairs(src) == []
+    assert _pairs(src.replace("            scaler.update()\n", "")) == [("TK201", 10)]
+
+
+def test_scaler_step_per_optimizer_in_a_train_step_function() -> None:
+    src = """
+    def train_step(scaler, loss, optimizers):
+        scaler.scale(loss).backward()
+        for opt in optimizers:
+            scaler.step(opt)
+        scaler.update()
+    """
+    assert _pairs(src) == []
+
+
+def test_update_once_after_the_whole_batch_loop_is_still_tk201() -> None:
+    src = """
+    for x, y in loader:
+        scaler.scale(model(x, y)).backward()
+        scaler.step(optimizer)
+    scaler.update()
+    """
+    assert _pairs(src) == [("TK201", 4)]

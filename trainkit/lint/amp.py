@@ -4,11 +4,36 @@ from __future__ import annotations
 import ast
 from typing import Iterator
 
-from trainkit.lint._core import FileContext, method_name, receiver
+from trainkit.lint._core import FileContext, TrainingLoop, dotted, method_name, receiver
 from trainkit.lint._loss import backward_operand
 from trainkit.lint._registry import Hit, rule
 
 _TK_AMP = "or let trainkit do it: `with tk.autocast_scaled(scaler) as amp:` then `amp.backward(loss); amp.step(optimizer)` unscales, steps, updates and counts skipped steps"
+
+
+def _updates_around(ctx: FileContext, loop: TrainingLoop) -> Iterator[ast.Call]:
+    """Calls that run with each pass of ``loop``: its own and those of the loops around it.
+
+    ``for opt in optimizers: scaler.step(opt)`` is a loop of its own whose
+    ``scaler.update()`` follows it, once per batch, in the enclosing loop; a loop over
+    optimizers (its target is an optimizer) also counts the statements right after it
+    (a per-batch ``train_step`` function).
+    """
+    yield from loop.calls
+    target = getattr(loop.node, "target", None)
+    parent = ctx.parents.get(loop.node)
+    if target is not None and ctx.is_optimizer(dotted(target)) and parent is not None:
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(parent, field, None)
+            if isinstance(block, list) and any(s is loop.node for s in block):
+                after = block[[id(s) for s in block].index(id(loop.node)) + 1:]
+                for stmt in after:
+                    yield from (n for n in ast.walk(stmt) if isinstance(n, ast.Call))
+    for outer in ctx.ancestors(loop.node):
+        if isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            break
+        if isinstance(outer, (ast.For, ast.AsyncFor, ast.While)):
+            yield from (n for n in ast.walk(outer) if isinstance(n, ast.Call))
 
 
 @rule(
@@ -20,7 +45,7 @@ _TK_AMP = "or let trainkit do it: `with tk.autocast_scaled(scaler) as amp:` then
 def check_step_without_update(ctx: FileContext) -> Iterator[Hit]:
     """Flag ``scaler.step(opt)`` in a loop that never calls ``scaler.update()``."""
     for loop in ctx.training_loops:
-        updated = {receiver(c) for c in loop.calls if method_name(c) == "update"}
+        updated = {receiver(c) for c in _updates_around(ctx, loop) if method_name(c) == "update"}
         for step in loop.step_calls:
             name = receiver(step)
             if ctx.is_scaler(name) and name not in updated:
