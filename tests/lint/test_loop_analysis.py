@@ -361,3 +361,41 @@ def test_update_once_after_the_whole_batch_loop_is_still_tk201() -> None:
     scaler.update()
     """
     assert _pairs(src) == [("TK201", 4)]
+
+
+# --------------------------------------------------------------------------- TK104: dividing by the count
+
+
+def test_masked_token_mean_inside_accelerate_accumulate_is_not_tk104() -> None:
+    src = """
+    import torch
+    def train(accelerator, model, loader, optimizer):
+        for batch in loader:
+            with accelerator.accumulate(model):
+                tok = torch.nn.functional.cross_entropy(model(batch["x"]), batch["y"], reduction="none")
+                mask = batch["attention_mask"]
+                loss = (tok * mask).sum() / mask.sum()
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+    assert _pairs(src) == []
+    # Dividing by the accumulation count there is still reported, after the mean or instead of it.
+    counted = src.replace("accelerator.backward(loss)", "accelerator.backward(loss / args.gradient_accumulation_steps)")
+    findings = lint_source(textwrap.dedent(counted))
+    assert [(f.code, f.line) for f in findings] == [("TK104", 9)]
+    assert "`args.gradient_accumulation_steps` times too small" in findings[0].message
+
+
+def test_tk104_division_by_the_n_given_to_tk_accumulate() -> None:
+    src = """
+    import trainkit as tk
+    with tk.accumulate(k, optimizer):
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss = loss.div(k)
+            loss.backward()
+            optimizer.step()
+    """
+    assert _pairs(src) == [("TK104", 6)]
+    assert _pairs(src.replace("loss.div(k)", "loss / num_tokens")) == []

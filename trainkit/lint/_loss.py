@@ -8,7 +8,7 @@ apex's ``with amp.scale_loss(loss, optimizer) as scaled_loss: scaled_loss.backwa
 from __future__ import annotations
 
 import ast
-from typing import FrozenSet, Optional
+from typing import FrozenSet, Iterator, Optional
 
 from trainkit.lint._core import TrainingLoop, dotted, is_reciprocal, method_name, pos
 
@@ -165,17 +165,56 @@ def normalised_before(loop: TrainingLoop, call: ast.Call, name: Optional[str]) -
 
 def normalisation_before(loop: TrainingLoop, call: ast.Call, name: Optional[str]) -> Optional[ast.AST]:
     """The node that divides the loss of ``call`` before it (the call itself when inline), or None."""
+    return next(normalisations_before(loop, call, name), None)
+
+
+def normalisations_before(loop: TrainingLoop, call: ast.Call, name: Optional[str]) -> Iterator[ast.AST]:
+    """Each node that divides the loss of ``call`` before it (the call itself when inline), in order."""
     reciprocals = loop.ctx.reciprocal_names
     operand = backward_operand(call)
     if operand is not None and is_normalisation(operand, reciprocals):
-        return call
+        yield call
     if name is None:
-        return None
+        return
     here = pos(call)
     for n in loop.region:
         if pos(n) < here and _normalises(n, name, of_itself=False, reciprocals=reciprocals):
-            return n
+            yield n
+
+
+def divisor(node: ast.AST, reciprocals: FrozenSet[str] = _NO_NAMES) -> Optional[ast.expr]:
+    """What a normalisation divides by: ``n`` in ``loss / n``, ``loss /= n``, ``loss * (1 / n)``,
+    ``loss.div_(n)`` or ``(loss / n).backward()``; a reciprocal literal or name itself; else None.
+    """
+    if isinstance(node, ast.Expr):
+        node = node.value
+    if isinstance(node, ast.Call) and method_name(node) in _IN_PLACE_DIVISIONS | _IN_PLACE_MULTIPLICATIONS:
+        return _reciprocal_divisor(node.args[0]) if node.func.attr in _IN_PLACE_MULTIPLICATIONS else node.args[0]  # type: ignore[attr-defined]
+    if isinstance(node, ast.Call) and method_name(node) == "backward":
+        operand = backward_operand(node)
+        return divisor(operand, reciprocals) if operand is not None else None
+    if isinstance(node, ast.AugAssign):
+        return node.value if isinstance(node.op, ast.Div) else _reciprocal_divisor(node.value)
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        return divisor(node.value, reciprocals) if node.value is not None else None
+    if isinstance(node, ast.expr):
+        expr = unwrap_scale(node)
+        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div):
+            return expr.right
+        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
+            side = expr.left if is_reciprocal(expr.left, reciprocals) else expr.right
+            return _reciprocal_divisor(side)
+        if isinstance(expr, ast.Call) and _call_division(expr, reciprocals) is not None:
+            arg = expr.args[-1]
+            return _reciprocal_divisor(arg) if method_name(expr) in _MULTIPLICATIONS else arg
     return None
+
+
+def _reciprocal_divisor(expr: ast.expr) -> ast.expr:
+    """``n`` for ``1 / n``; a literal (0.25) or a name bound to ``1 / n`` as it is."""
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div):
+        return expr.right
+    return expr
 
 
 def late_normalisation(loop: TrainingLoop, call: ast.Call, name: Optional[str]) -> Optional[ast.stmt]:

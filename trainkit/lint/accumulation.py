@@ -7,11 +7,13 @@ The gradients of the N backwards add up, so each loss must be divided by N
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from typing import Iterator, Optional, Tuple
 
 from trainkit.lint._core import FileContext, TrainingLoop, dotted, method_name, pos, receiver
-from trainkit.lint._loss import backward_operand, late_normalisation, loss_of, normalisation_before, normalised_before
+from trainkit.lint._loss import (backward_operand, divisor, late_normalisation, loss_of, normalisations_before,
+                                 normalised_before)
 from trainkit.lint._registry import Hit, rule
 
 _TK_ACCUMULATE = "or let trainkit do it: `with tk.accumulate(n, optimizer):` divides by the micro-batches actually in each window, a short last window included"
@@ -217,22 +219,59 @@ def check_zero_grad_every_micro_batch(ctx: FileContext) -> Iterator[Hit]:
     summary="the loss is divided inside an accumulate block that already divides the gradients",
 )
 def check_double_normalisation(ctx: FileContext) -> Iterator[Hit]:
-    """Flag ``loss / n`` before backward inside ``with tk.accumulate(...)`` (or accelerate's)."""
+    """Flag ``loss / n`` before backward inside ``with tk.accumulate(...)`` (or accelerate's).
+
+    Only a division by the accumulation count is reported: ``n`` as passed to
+    ``tk.accumulate(n, ...)``, an integer literal, or a name that says so
+    (``accum_steps``, ``gradient_accumulation_steps``). A per-micro-batch mean such as
+    ``(tok * mask).sum() / mask.sum()`` is the plain loss the block expects.
+    """
     for loop in ctx.training_loops:
         for call in loop.backward_calls:
-            if not ctx.inside_with(call, ("accumulate",)):
+            block = _accumulate_call(ctx, call)
+            if block is None:
                 continue
             name = loss_of(loop, call)
-            node = normalisation_before(loop, call, name)
-            if node is not None:
+            for node in normalisations_before(loop, call, name):
+                by = divisor(node, ctx.reciprocal_names)
+                if by is None or not _is_count(by, block):
+                    continue
                 shown = ast.unparse(node).splitlines()[0]
+                count = ast.unparse(by)
                 yield Hit(
                     node,
-                    f"`{shown}` divides the loss inside an `accumulate(...)` block, which already divides "
-                    "the gradients by the micro-batches in each window: the update is n times too small",
+                    f"`{shown}` divides the loss by `{count}` inside `{ast.unparse(block.func)}(...)` (line "
+                    f"{block.lineno}), which already divides the gradients by the micro-batches in each window: "
+                    f"the update is `{count}` times too small",
                     "pass the plain per-micro-batch mean loss (drop the division); "
                     "with `normalize=\"items\"`, count items with `acc.add_items(k)` instead",
                 )
+                break
+
+
+_COUNT_RE = re.compile(r"accum|grad_?acc|micro", re.IGNORECASE)
+
+
+def _accumulate_call(ctx: FileContext, node: ast.AST) -> Optional[ast.Call]:
+    """The ``...accumulate(...)`` call of the ``with`` block around ``node``, if any."""
+    for parent in ctx.ancestors(node):
+        if isinstance(parent, (ast.With, ast.AsyncWith)):
+            for item in parent.items:
+                expr = item.context_expr
+                if isinstance(expr, ast.Call) and (dotted(expr.func) or "").split(".")[-1].endswith("accumulate"):
+                    return expr
+    return None
+
+
+def _is_count(by: ast.expr, block: ast.Call) -> bool:
+    """Whether ``by`` is the accumulation count of ``block``: its ``n``, a literal, or so named."""
+    given = block.args[0] if block.args else next((k.value for k in block.keywords if k.arg == "n"), None)
+    if given is not None and ast.dump(given) == ast.dump(by):
+        return True
+    if isinstance(by, ast.Constant) and isinstance(by.value, (int, float)) and not isinstance(by.value, bool):
+        return True
+    name = dotted(by)
+    return name is not None and bool(_COUNT_RE.search(name.split(".")[-1]))
 
 
 def _tk_accumulate_block(ctx: FileContext, node: ast.AST) -> Optional[ast.Call]:
