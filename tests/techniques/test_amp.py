@@ -33,16 +33,19 @@ def test_fp16_scaler_under_accumulate_matches_fp32_oracle():
     assert max_rel_err(m.double(), oracle) < 2e-3  # fp16 matmuls; an off-by-one window divisor gives ~7e-2
 
 
-def test_inf_gradient_is_a_skipped_step(tmp_path):
+@pytest.mark.parametrize("fused", [False, True])
+def test_inf_gradient_is_a_skipped_step(tmp_path, fused):
+    # A fused optimizer takes the scaling into its kernel, so GradScaler calls it even for a
+    # skipped step; trainkit does not, so that no one counts it as a real step.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     m = _model32()
-    opt = tk.patch(torch.optim.SGD(m.parameters(), lr=0.1))
+    opt = tk.patch(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=fused))
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
     scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
     x, y = (t.float() for t in batches([4])[0])
     before = [p.detach().clone() for p in m.parameters()]
-    with tk.session(logdir=str(tmp_path), system_metrics=False):
+    with tk.session(logdir=str(tmp_path), system_metrics=False) as s:
         with tk.accumulate(2, opt) as acc:
             for i in range(2):
                 with tk.autocast_scaled(scaler, dtype="fp16") as amp:
@@ -57,8 +60,10 @@ def test_inf_gradient_is_a_skipped_step(tmp_path):
             sched.step()
     assert stepped is False and amp.skipped == 1
     assert scaler.get_scale() == 128.0
-    assert acc.steps == 0 and acc.micro_batches == 0
+    assert acc.steps == 0 and acc.micro_batches == 0 and s.step == 1
     assert all(torch.equal(a, p) for a, p in zip(before, m.parameters()))
+    assert not opt.state or all("momentum_buffer" not in st or st["momentum_buffer"] is None
+                                for st in opt.state.values())
     ea = EventAccumulator(str(tmp_path))
     ea.Reload()
     assert [p.value for p in ea.Scalars("trainkit/amp/skipped_steps")] == [1.0]
@@ -163,6 +168,8 @@ def test_auto_is_bf16_on_cpu_and_fp32_disables_autocast():
 @pytest.mark.parametrize("kwargs,needle", [
     (dict(dtype="fp8"), "'fp8'"),
     (dict(dtype="fp16"), "GradScaler('cpu')"),
+    (dict(scaler=torch.amp.GradScaler("cpu", enabled=False), dtype="fp16"),
+     "scaler=<a disabled GradScaler for 'cpu'>"),
     (dict(device_type="tpu"), "'tpu'"),
 ])
 def test_bad_input(kwargs, needle):

@@ -153,9 +153,13 @@ def _step_watched(scaler: Any, optimizer: Any) -> bool:
     """``scaler.step(optimizer)``; True when the optimizer really stepped (no extra sync)."""
     if getattr(optimizer, "_step_supports_amp_scaling", False):
         found = scaler._found_inf_per_device(optimizer)
-        skipped = bool(sum(float(v.item()) for v in found.values()))  # see the module docstring
+        if sum(float(v.item()) for v in found.values()):  # see the module docstring
+            # Skipped: not called at all, as GradScaler does for other optimizers. Called, its
+            # kernel would skip the update itself, but the call would count as a real step (the
+            # session's, an accumulate block's), and update() needs only the flags read here.
+            return False
         scaler.step(optimizer)
-        return not skipped
+        return True
     calls = [0]
 
     def seen(*_: Any) -> None:
@@ -203,11 +207,19 @@ def _check(scaler: Any, dtype: Any, device_type: Any) -> str:
     if scaler is not None and not all(hasattr(scaler, a) for a in ("scale", "step", "update")):
         raise TypeError(f"autocast_scaled(scaler={brief(scaler)}): expected a GradScaler or None, "
                         f"e.g. autocast_scaled(torch.amp.GradScaler('cuda'))")
-    if dtype == "fp16" and device_type == "cpu" and (scaler is None or not scaler.is_enabled()):
+    if dtype == "fp16" and device_type == "cpu" and scaler is None:
         raise ValueError("autocast_scaled(scaler=None, dtype='fp16') on the CPU: fp16 without a "
                          "GradScaler underflows small gradients to zero silently; pass one, e.g. "
                          "autocast_scaled(torch.amp.GradScaler('cpu'), dtype='fp16'), or use "
                          "dtype='bf16'")
+    if dtype == "fp16" and device_type == "cpu" and not scaler.is_enabled():
+        where = getattr(scaler, "_device", "?")
+        raise ValueError(f"autocast_scaled(scaler=<a disabled GradScaler for {where!r}>, "
+                         f"dtype='fp16') on the CPU: the scaler turned itself off (GradScaler() "
+                         f"is for 'cuda' by default, and disables itself where CUDA is not "
+                         f"available, or it was made with enabled=False), and fp16 without one "
+                         f"underflows small gradients to zero silently; make it for the CPU, e.g. "
+                         f"torch.amp.GradScaler('cpu'), or use dtype='bf16'")
     return device_type
 
 
