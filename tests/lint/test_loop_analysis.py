@@ -399,3 +399,26 @@ def test_tk104_division_by_the_n_given_to_tk_accumulate() -> None:
     """
     assert _pairs(src) == [("TK104", 6)]
     assert _pairs(src.replace("loss.div(k)", "loss / num_tokens")) == []
+
+
+# --------------------------------------------------------------------------- TK401: version-compatible imports
+
+
+def test_fallback_import_of_torch_cuda_amp_is_not_tk401() -> None:
+    src = """
+    try:
+        from torch.amp import GradScaler
+    except ImportError:
+        from torch.cuda.amp import GradScaler
+    scaler = GradScaler()
+    """
+    assert _pairs(src) == []
+    # Imported only in the handler, the deprecated name is what the code uses.
+    only_there = """
+    try:
+        import apex
+    except ImportError:
+        from torch.cuda.amp import GradScaler
+    scaler = GradScaler()
+    """
+    assert _pairs(only_there) == [("TK401", 6)]

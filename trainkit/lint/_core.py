@@ -163,17 +163,23 @@ class FileContext:
     def aliases(self) -> Dict[str, str]:
         """Local name -> fully qualified name, from the file's imports."""
         out: Dict[str, str] = {}
+        fallbacks: Dict[str, str] = {}
         for node in self.nodes:
+            # ``try: from torch.amp import GradScaler / except ImportError: from torch.cuda.amp
+            # import GradScaler``: the import in the handler only runs where the first one fails.
+            bound = fallbacks if any(isinstance(p, ast.ExceptHandler) for p in self.ancestors(node)) else out
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.asname:
-                        out[alias.asname] = alias.name
+                        bound[alias.asname] = alias.name
                     else:
                         top = alias.name.split(".")[0]
-                        out[top] = top
+                        bound[top] = top
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 for alias in node.names:
-                    out[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                    bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        for name, full in fallbacks.items():
+            out.setdefault(name, full)
         return out
 
     def qualname(self, node: ast.AST) -> Optional[str]:
