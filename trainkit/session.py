@@ -302,6 +302,9 @@ def _check_profile(profile: Any) -> Any:
     if not isinstance(profile, ProfileSchedule):
         raise TypeError(f"session(profile={profile!r}): profile must be a tk.ProfileSchedule or None, "
                         f"e.g. profile=tk.ProfileSchedule(wait=10, warmup=2, active=3)")
+    from .profiling.trace import check_no_profiler
+
+    check_no_profiler(profile)  # a profiler of the user's records: refused before anything starts
     return profile
 
 

@@ -83,3 +83,66 @@ def test_bad_schedules_are_rejected_with_the_value(kwargs):
 def test_bad_gzip_is_rejected():
     with pytest.raises(TypeError, match="gzip='yes'"):
         tk.ProfileSchedule(wait=0, warmup=0, active=1, gzip="yes")
+
+
+def _user_steps(n, *, opt=None, start_at=None, stop_at=None, prof=None):
+    """n steps with a "user_fwd" range; starts/stops ``prof`` (the user's own profiler) on the way."""
+    import torch
+
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    tk.patch(opt)
+    for i in range(n):
+        if i == start_at:
+            prof.__enter__()
+        with torch.profiler.record_function("user_fwd"):
+            loss = model(torch.randn(4, 8)).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if i == stop_at:
+            prof.__exit__(None, None, None)
+
+
+def _user_fwd_count(prof):
+    return sum(e.count for e in prof.key_averages() if e.key == "user_fwd")
+
+
+def test_profile_is_refused_while_the_users_profiler_records(logdir):
+    import torch
+
+    with torch.profiler.profile() as prof:
+        with pytest.raises(RuntimeError, match=r"session\(profile=ProfileSchedule\(wait=1, .*a torch "
+                                               r"profiler is already recording.*Drop profile="):
+            tk.session(logdir=logdir, profile=tk.ProfileSchedule(wait=1, warmup=1, active=2))
+        # refused before anything started: no folder, no session
+        assert not os.path.exists(logdir) and tk.active() is None
+        with tk.session(logdir=logdir, system_metrics=False):  # without profile= it is fine
+            _user_steps(6)
+    assert _user_fwd_count(prof) == 6  # the user's profile kept its events
+
+
+def test_a_profiler_the_user_starts_during_the_wait_is_kept(logdir):
+    import torch
+
+    prof = torch.profiler.profile()
+    with pytest.warns(UserWarning, match=r"a torch profiler you started is recording at step 3.*"
+                                         r"trainkit writes no more traces"):
+        with tk.session(logdir=logdir, profile=tk.ProfileSchedule(wait=3, warmup=1, active=3),
+                        system_metrics=False):
+            _user_steps(12, start_at=2, stop_at=8, prof=prof)
+    assert _user_fwd_count(prof) == 7  # before: trainkit's warmup cancelled it (0 events)
+    assert _traces(logdir) == []
+
+
+def test_a_profiler_the_user_starts_during_the_warmup_is_kept(logdir):
+    import torch
+
+    prof = torch.profiler.profile()
+    with pytest.warns(UserWarning, match="a torch profiler you started is recording"):
+        with tk.session(logdir=logdir, profile=tk.ProfileSchedule(wait=1, warmup=4, active=2),
+                        system_metrics=False):
+            _user_steps(12, start_at=2, stop_at=8, prof=prof)
+    assert _user_fwd_count(prof) == 7
+    assert _traces(logdir) == []
+

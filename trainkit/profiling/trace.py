@@ -7,11 +7,19 @@ rank, which is what torch-tb-profiler and trainkit's own tab read.
 
 A trace's size is bounded by the schedule: only the ``active`` steps of each of the ``repeat``
 cycles are written, without shapes, stacks or memory events (each of those multiplies the size).
+
+torch runs one profiler at a time: a second one started while one records cancels it, and the
+first one's stop then ends the second. So a session refuses ``profile=`` while a profiler of the
+user's records, and the tracer stands down, with a warning, when it finds one of the user's
+recording at a step where its own would start (it cannot tell one started during its own
+active window: there the user's profiler and trainkit's cycle both lose their events).
 """
 from __future__ import annotations
 
 import os
 import socket
+import sys
+import warnings
 from typing import Any, Callable, List, Optional
 
 #: The suffixes of a trace file, plain or gzip-compressed.
@@ -28,11 +36,44 @@ def worker_name(rank: Optional[int]) -> str:
     return f"{socket.gethostname()}_{os.getpid()}" + ("" if rank is None else f"_rank{rank}")
 
 
+def profiler_recording() -> bool:
+    """True while some torch profiler records (torch's Python-side flag or its C one)."""
+    from .regions import profiler_check, profiler_enabled
+
+    return profiler_enabled() or bool(profiler_check()())
+
+
+def check_no_profiler(schedule: Any) -> None:
+    """Refuse to profile while a profiler of the user's records: starting trainkit's would cancel it.
+
+    Raises:
+        RuntimeError: naming the schedule and the two ways out.
+    """
+    if profiler_recording():
+        raise RuntimeError(
+            f"session(profile={schedule!r}): a torch profiler is already recording (a "
+            f"torch.profiler.profile() entered before the session), and torch runs one at a time: "
+            f"trainkit's would cancel yours and its events would be lost. Drop profile= (your "
+            f"profiler still shows trainkit's steps and regions), or stop your profiler before "
+            f"the session starts")
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _warn(message: str) -> None:
+    """A UserWarning pointing at the first line outside trainkit (the user's step or ``with``)."""
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message, UserWarning, stacklevel=level)
+
+
 class Tracer:
     """One torch.profiler run for one session, stepped by the session at each real step.
 
     Records CPU activity, and CUDA activity when a GPU is available. ``traces`` lists the files
-    written so far (one per completed cycle).
+    written so far (one per completed cycle); ``steps`` counts the steps seen.
 
     Example::
 
@@ -44,16 +85,24 @@ class Tracer:
 
     def __init__(self, logdir: str, schedule: Any, *, rank: Optional[int] = None) -> None:
         import torch
-        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import ProfilerAction, ProfilerActivity, profile
         from torch.profiler import schedule as make_schedule
 
+        check_no_profiler(schedule)
         activities: List[Any] = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
         self.logdir = logdir
+        self.schedule = schedule
         self.gzip = bool(getattr(schedule, "gzip", False))
         self.traces: List[str] = []
-        self._prof = profile(
+        self.steps = 0
+        # Before these steps the profiler idles or warms up (a profiler found recording then is
+        # the user's); from the last one on, the schedule has nothing left to record.
+        self._idle = (ProfilerAction.NONE, ProfilerAction.WARMUP)
+        self._none = ProfilerAction.NONE
+        self._end = (schedule.wait + schedule.warmup + schedule.active) * schedule.repeat
+        self._prof: Any = profile(
             activities=activities,
             schedule=make_schedule(wait=schedule.wait, warmup=schedule.warmup,
                                    active=schedule.active, repeat=schedule.repeat),
@@ -83,13 +132,40 @@ class Tracer:
 
     def step(self) -> None:
         """One real optimizer step ended."""
-        self._prof.step()
+        self.steps += 1
+        prof = self._prof
+        if prof is None:
+            return
+        action = prof.current_action
+        if action is self._none and prof.step_num >= self._end:
+            return  # every cycle is written: nothing left to start or stop
+        if action in self._idle and profiler_recording():
+            self._stand_down("at step %d" % self.steps)
+            return
+        prof.step()
+
+    def _stand_down(self, when: str) -> None:
+        # Our profiler is idle or only prepared: leave it without __exit__, whose stop (and, from
+        # warmup, start) would end the user's recording.
+        self._prof = None
+        _warn(
+            f"trainkit: a torch profiler you started is recording {when}, where "
+            f"tk.session(profile={self.schedule!r}) would start its own; torch runs one at a "
+            f"time, so trainkit writes no more traces in this session to keep yours "
+            f"({len(self.traces)} written). Drop profile= when you profile yourself")
 
     def close(self) -> None:
         """Stop the profiler; a cycle still recording is written. Idempotent."""
-        if not self._closed:
-            self._closed = True
-            self._prof.__exit__(None, None, None)
+        if self._closed:
+            return
+        self._closed = True
+        prof = self._prof
+        if prof is None:
+            return
+        if prof.current_action in self._idle and profiler_recording():
+            self._stand_down("when the session closes")
+            return
+        prof.__exit__(None, None, None)
 
 
 def start_profiler(session: Any) -> Tracer:
