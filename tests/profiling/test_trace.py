@@ -61,8 +61,10 @@ def test_outside_the_active_window_nothing_is_recorded(logdir):
     from trainkit.profiling.regions import profiler_enabled
 
     seen = []
-    train(logdir, steps=5, profile=tk.ProfileSchedule(wait=10**6, warmup=0, active=1),
-          each_step=lambda: seen.append(profiler_enabled()))
+    with pytest.warns(UserWarning, match=r"wrote no trace: the session ended after 5 step\(s\), "
+                                         r"before the schedule's first profiled one"):
+        train(logdir, steps=5, profile=tk.ProfileSchedule(wait=10**6, warmup=0, active=1),
+              each_step=lambda: seen.append(profiler_enabled()))
     assert not any(seen)
     assert _traces(logdir) == []
 
@@ -145,4 +147,28 @@ def test_a_profiler_the_user_starts_during_the_warmup_is_kept(logdir):
             _user_steps(12, start_at=2, stop_at=8, prof=prof)
     assert _user_fwd_count(prof) == 7
     assert _traces(logdir) == []
+
+
+def test_no_counted_step_warns_that_no_trace_was_written(logdir):
+    import torch
+
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # not patched: nothing counts the steps
+    with pytest.warns(UserWarning, match=r"wrote no trace: the session counted no step.*"
+                                         r"tk\.patch\(optimizer\).*tk\.patch\(loader\)"):
+        with tk.session(logdir=logdir, profile=tk.ProfileSchedule(wait=1, warmup=1, active=2),
+                        system_metrics=False):
+            for _ in range(8):
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    assert _traces(logdir) == []
+
+
+def test_an_exception_before_any_step_does_not_add_the_no_trace_warning(logdir, recwarn):
+    with pytest.raises(KeyError):
+        with tk.session(logdir=logdir, profile=tk.ProfileSchedule(wait=1, warmup=1, active=2),
+                        system_metrics=False):
+            raise KeyError("boom")
+    assert not [w for w in recwarn if "wrote no trace" in str(w.message)]
 

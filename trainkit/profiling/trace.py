@@ -166,6 +166,19 @@ class Tracer:
             self._stand_down("when the session closes")
             return
         prof.__exit__(None, None, None)
+        if not self.traces and sys.exc_info()[0] is None:  # an exception says enough on its own
+            _warn(self._why_no_trace())
+
+    def _why_no_trace(self) -> str:
+        s = self.schedule
+        head = f"trainkit: tk.session(profile={s!r}) wrote no trace: "
+        if self.steps == 0:
+            return (head + "the session counted no step, and the schedule counts steps. Let "
+                    "trainkit see the steps: tk.patch(optimizer) (each optimizer.step() is one), "
+                    "or for batch in tk.patch(loader) (each batch is one when no optimizer steps)")
+        return (head + f"the session ended after {self.steps} step(s), before the schedule's "
+                f"first profiled one (after wait={s.wait} + warmup={s.warmup} steps); lower "
+                f"wait, e.g. ProfileSchedule(wait=0, warmup=1, active={s.active}), or train longer")
 
 
 def start_profiler(session: Any) -> Tracer:
