@@ -77,6 +77,38 @@ def test_gc_collect_every_step_is_found(logdir):
     assert f.count >= 6 and "gc.collect()" in f.evidence
 
 
+def test_a_run_without_counted_steps_says_so(logdir, capsys):
+    import torch
+
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # not patched: no step is counted
+    with pytest.warns(UserWarning, match="counted no step"):
+        with tk.session(logdir=logdir, profile=tk.ProfileSchedule(wait=1, warmup=1, active=2)):
+            for _ in range(6):
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    assert load_run(logdir, logdir).is_trainkit  # the session wrote its memory and CPU samples
+    f = by_code(tk.analyze(logdir), "TA110")
+    assert f.title == "no steps recorded" and "no step was counted in" in f.evidence
+    assert "is the optimizer patched?" in f.evidence and "tk.patch(optimizer)" in f.fix
+    assert main([logdir]) == 1  # not "no findings", exit 0
+    out = capsys.readouterr().out
+    assert "TA110" in out and "no steps recorded" in out and "no findings" not in out
+
+
+def test_one_counted_step_is_not_called_no_step(logdir):
+    import torch
+
+    model = torch.nn.Linear(8, 2)
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    with tk.session(logdir=logdir, system_metrics=False):  # one step, no loader: no step time
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+    f = by_code(tk.analyze(logdir), "TA110")
+    assert "only 1 step was counted" in f.evidence
+
+
 def test_optimizer_step_dominating_is_found(logdir):
     import torch
 

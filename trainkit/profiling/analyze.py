@@ -74,8 +74,11 @@ def analyze_run(logdir: str, folder: str) -> RunReport:
         if f is not None:
             found.append(dataclasses.replace(f, run=run.name))
     found.extend(bad)
-    found.sort(key=sort_key)
     steps = len(record_rules.Steps(run))
+    if not steps and not t.steps and not bad and run.is_trainkit:
+        # Say so, rather than "no findings": a run with nothing to analyze is not a clean run.
+        found.append(record_rules.no_steps(run))
+    found.sort(key=sort_key)
     return RunReport(run=run.name, breakdown=record_rules.breakdown(run), findings=tuple(found),
                      traces=run.traces, steps=steps, is_trainkit=run.is_trainkit or bool(run.traces))
 

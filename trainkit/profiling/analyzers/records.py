@@ -152,6 +152,25 @@ RULES: List[Callable[[Steps], Optional[Finding]]] = [
 ]
 
 
+def no_steps(run: Run) -> Finding:
+    """TA110: the run has records but fewer than two counted steps, so no step time.
+
+    The usual cause is a loop trainkit cannot see: no patched optimizer and no patched loader
+    (a session alone samples memory and CPU load, and that is all it records).
+    """
+    seen = "only 1 step was" if run.values(UPDATE_MS) or run.values(DATA_WAIT) else "no step was"
+    return Finding(
+        code="TA110", title="no steps recorded",
+        evidence=f"{seen} counted in {run.path!r} and no trace holds a profiled step: step time "
+                 f"(trainkit/step_time_ms) is the time between two counted steps, so nothing can "
+                 f"be said about where it goes (is the optimizer patched?)",
+        share=None, count=0,
+        fix="let the session count the steps: tk.patch(optimizer) before the loop (each "
+            "optimizer.step() is a step), or for batch in tk.patch(loader) (each batch is a step "
+            "when no optimizer steps), inside `with tk.session(...)`",
+        severity="high", run=run.name)
+
+
 def items_per_step(run: Run) -> Optional[float]:
     """The median items (samples) per step, from throughput and step time, or None."""
     rates, times = run.values(SAMPLES_PER_S), run.values(STEP_TIME)
