@@ -137,3 +137,43 @@ def test_add_arguments_and_run_work_on_a_subcommand_parser(capsys: pytest.Captur
 def test_main_without_subprocess(capsys: pytest.CaptureFixture) -> None:
     assert cli.main([str(FIXTURES / "clean")]) == 0
     assert "0 findings" in capsys.readouterr().err
+
+
+def _deep_sources(tmp_path: Path) -> None:
+    (tmp_path / "deep.py").write_text("x = " + "1+" * 200_000 + "1\n")  # the parser's own limit
+    (tmp_path / "chain.py").write_text("x = a" + ".b" * 2_000 + "\n")  # deeper than Python's recursion limit
+    (tmp_path / "ok.py").write_text("import gc\nfor x in d:\n    x.backward()\n    gc.collect()\n")
+
+
+def test_deeply_nested_file_is_a_per_file_error_not_a_crash(tmp_path: Path) -> None:
+    _deep_sources(tmp_path)
+    result = lint(str(tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"{tmp_path / 'deep.py'}: too deeply nested to parse (RecursionError); not linted" in result.stderr
+    # The others are still linted: a long attribute chain is fine, the flush is found.
+    assert result.stdout.startswith(f"{tmp_path / 'ok.py'}:4: TK301 ")
+    assert result.stderr.strip().endswith("(2 files checked, 1 could not be parsed)")
+
+
+def test_missing_path_does_not_stop_the_others_and_json_still_prints(tmp_path: Path) -> None:
+    (tmp_path / "ok.py").write_text("import gc\nfor x in d:\n    x.backward()\n    gc.collect()\n")
+    result = lint("--format", "json", str(tmp_path / "missing.py"), str(tmp_path / "ok.py"))
+    assert result.returncode == 2
+    assert [f["code"] for f in json.loads(result.stdout)] == ["TK301"]
+    assert f"{tmp_path / 'missing.py'}: no such file or directory" in result.stderr
+
+
+def test_unreadable_file_says_so_without_a_line_zero(tmp_path: Path) -> None:
+    (tmp_path / "latin.py").write_bytes(b"# caf\xe9\nx = 1\n")  # not UTF-8 and no coding cookie
+    result = lint(str(tmp_path / "latin.py"))
+    assert result.returncode == 2
+    assert f"{tmp_path / 'latin.py'}: cannot read: " in result.stderr
+    assert ":0:" not in result.stderr
+    assert result.stderr.strip().endswith("(0 files checked, 1 could not be read)")
+
+
+def test_a_trailing_comma_in_select_is_accepted() -> None:
+    result = lint("--select", "TK3,", f"{BAD}/efficient_template.py")
+    assert result.returncode == 1, result.stderr
+    assert {line.split(": ")[1].split()[0] for line in result.stdout.splitlines()} == {"TK301"}

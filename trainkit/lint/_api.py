@@ -43,6 +43,8 @@ def parse_codes(value: Codes, *, option: str) -> Optional[FrozenSet[str]]:
         return None
     # A plain string is split on commas; iterating it would give single letters.
     items = value.split(",") if isinstance(value, str) else list(value)
+    if len(items) > 1 and not items[-1].strip() and items[-2].strip():
+        items = items[:-1]  # one trailing comma ("TK3,") is harmless; an empty item elsewhere is not
     out = set()
     for item in items:
         code = item.strip().upper()
@@ -80,7 +82,8 @@ def lint_source(source: str, path: str = "<string>", *, select: Codes = None, ig
         ``# trainkit: ignore[...]`` comments.
 
     Raises:
-        LintError: ``source`` is not valid Python (``line`` says where).
+        LintError: ``source`` is not valid Python (``line`` says where), or is nested too
+            deeply to parse or lint (``line`` is 0).
         ValueError: An unknown code in ``select`` or ``ignore``.
 
     Example::
@@ -97,16 +100,22 @@ def lint_source(source: str, path: str = "<string>", *, select: Codes = None, ig
         raise LintError(path, exc.lineno or 0, f"syntax error: {exc.msg}") from exc
     except ValueError as exc:  # null bytes on Python < 3.12
         raise LintError(path, 0, f"syntax error: {exc}") from exc
-    ctx = FileContext(path, source, tree)
-    suppressions = parse_suppressions(source)
-    findings = set()
-    for code in codes:
-        rule = RULES[code]
-        for hit in rule.check(ctx):
-            line = getattr(hit.node, "lineno", 1)
-            if not is_suppressed(code, line, suppressions):
-                col = getattr(hit.node, "col_offset", 0) + 1
-                findings.add(Finding(path, line, col, code, rule.severity, hit.message, hit.fix))
+    except (RecursionError, MemoryError) as exc:
+        raise LintError(path, 0, f"too deeply nested to parse ({type(exc).__name__}); not linted") from exc
+    try:
+        ctx = FileContext(path, source, tree)
+        suppressions = parse_suppressions(source)
+        findings = set()
+        for code in codes:
+            rule = RULES[code]
+            for hit in rule.check(ctx):
+                line = getattr(hit.node, "lineno", 1)
+                if not is_suppressed(code, line, suppressions):
+                    col = getattr(hit.node, "col_offset", 0) + 1
+                    findings.add(Finding(path, line, col, code, rule.severity, hit.message, hit.fix))
+    except (RecursionError, MemoryError) as exc:
+        # ast.unparse/ast.dump recurse: an expression nested thousands deep exhausts the stack.
+        raise LintError(path, 0, f"too deeply nested to lint ({type(exc).__name__}); not linted") from exc
     return sorted(findings, key=lambda f: (f.line, f.col, f.code))
 
 

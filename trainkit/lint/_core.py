@@ -34,12 +34,14 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 def dotted(node: ast.AST) -> Optional[str]:
     """Return ``"a.b.c"`` for a Name/Attribute chain, else ``None``."""
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = dotted(node.value)
-        return f"{base}.{node.attr}" if base is not None else None
-    return None
+    parts: List[str] = []
+    while isinstance(node, ast.Attribute):  # a loop, not recursion: chains can be thousands long
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
 
 
 def method_name(call: ast.Call) -> Optional[str]:

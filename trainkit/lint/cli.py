@@ -51,27 +51,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help=f"comma-separated codes or prefixes to {verb}, e.g. {example}",
         )
 
-def _print_text(findings: List[Finding], checked: int, failed: int = 0) -> None:
+def _print_text(findings: List[Finding], checked: int, unparsed: int = 0, unread: int = 0) -> None:
     for finding in findings:
         print(finding.format())
     files = len({f.path for f in findings})
-    unparsed = f", {failed} could not be parsed" if failed else ""
+    failed = "".join(
+        f", {count} {what}" for count, what in ((unparsed, "could not be parsed"), (unread, "could not be read")) if count
+    )
     print(
         f"{len(findings)} finding{'s' * (len(findings) != 1)} in {files} file{'s' * (files != 1)} "
-        f"({checked} file{'s' * (checked != 1)} checked{unparsed})",
+        f"({checked} file{'s' * (checked != 1)} checked{failed})",
         file=sys.stderr,
     )
+
+
+def _report_failure(exc: LintError, path: str) -> None:
+    """``PATH:LINE: syntax error: ...``, or ``PATH: reason`` when there is no line."""
+    hint = "" if path.endswith(".py") or "syntax error" not in exc.reason else " (not a .py file: is it Python?)"
+    where = f"{exc.path}:{exc.line}" if exc.line else exc.path
+    print(f"{where}: {exc.reason}{hint}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
     """Lint ``args.paths`` and print the findings.
 
+    Every path is linted even when another one is missing or broken, and
+    ``--format json`` always prints its list.
+
     Args:
         args: Parsed arguments from a parser set up by :func:`add_arguments`.
 
     Returns:
-        0 without findings, 1 with findings, 2 on a bad code or a file that
-        could not be linted (reported on stderr as ``PATH:LINE: syntax error: ...``).
+        0 without findings, 1 with findings, 2 on a bad code or a path that
+        could not be linted: missing, unreadable, a syntax error (reported on
+        stderr as ``PATH:LINE: syntax error: ...``) or nested too deeply.
     """
     fmt: Format = getattr(args, "format", "text")
     select, ignore = getattr(args, "select", None), getattr(args, "ignore", None)
@@ -83,27 +96,34 @@ def run(args: argparse.Namespace) -> int:
         print(f"trainkit lint: error: {exc}", file=sys.stderr)
         return 2
     findings: List[Finding] = []
-    failed = checked = 0
-    try:
-        files = list(_api.iter_python_files(args.paths))
-    except LintError as exc:
-        print(f"{exc.path}: {exc.reason}", file=sys.stderr)
-        return 2
+    unparsed = unread = checked = missing = 0
+    files: List[str] = []
+    for given in args.paths:
+        try:
+            files.extend(_api.iter_python_files([given]))
+        except LintError as exc:
+            missing += 1
+            _report_failure(exc, given)
     for path in files:
         try:
-            findings.extend(_api.lint_file(path, select=select, ignore=ignore))
+            try:
+                findings.extend(_api.lint_file(path, select=select, ignore=ignore))
+            except (RecursionError, MemoryError) as exc:  # a backstop: lint_source turns these into LintError
+                raise LintError(path, 0, f"too deeply nested to lint ({type(exc).__name__}); not linted") from exc
             checked += 1
         except LintError as exc:
-            failed += 1
-            hint = "" if path.endswith(".py") else " (not a .py file: is it Python?)"
-            print(f"{exc.path}:{exc.line}: {exc.reason}{hint}", file=sys.stderr)
+            if exc.reason.startswith("cannot read"):
+                unread += 1
+            else:
+                unparsed += 1
+            _report_failure(exc, path)
     findings.sort(key=lambda f: (f.path, f.line, f.col, f.code))
     if fmt == "json":
         json.dump([f.to_dict() for f in findings], sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        _print_text(findings, checked, failed)
-    if failed:
+        _print_text(findings, checked, unparsed, unread)
+    if unparsed or unread or missing:
         return 2
     return 1 if findings else 0
 
