@@ -77,6 +77,30 @@ def test_gc_collect_every_step_is_found(logdir):
     assert f.count >= 6 and "gc.collect()" in f.evidence
 
 
+def test_gc_collect_every_step_says_every_step(logdir):
+    train(logdir, steps=8, each_step=gc.collect)
+    f = by_code(tk.analyze(logdir), "TA106")
+    assert f.title == "garbage collection every step", f
+
+
+def test_gc_collect_every_tenth_step_is_not_called_every_step(logdir):
+    calls = []
+
+    def every_tenth():
+        calls.append(1)
+        if len(calls) % 10 == 0:
+            gc.collect()
+
+    train(logdir, steps=35, each_step=every_tenth)
+    st = Steps(load_run(logdir, logdir))
+    with_gc = sum(1 for v in st.per_step(PREFIX + "gc_ms") if v > 0)
+    f = by_code(tk.analyze(logdir), "TA106")
+    assert 3 <= with_gc < len(st)  # the plant: collections in some steps, not all
+    assert f.title == f"garbage collection in {with_gc} of {len(st)} steps", f
+    assert "every step" not in f.title and f.count == with_gc
+    assert f"in {with_gc} of {len(st)} steps" in f.evidence
+
+
 def test_a_run_without_counted_steps_says_so(logdir, capsys):
     import torch
 
