@@ -172,3 +172,30 @@ def test_an_exception_before_any_step_does_not_add_the_no_trace_warning(logdir, 
             raise KeyError("boom")
     assert not [w for w in recwarn if "wrote no trace" in str(w.message)]
 
+
+def test_repeated_cycles_do_not_pass_on_torchs_acc_events_warning(logdir):
+    import warnings
+
+    import torch
+    import torch.profiler.profiler as tpp
+
+    def forget():  # torch warns once per process: make it warn again
+        shown = getattr(tpp, "_WARNINGS_SHOWN", None)
+        if isinstance(shown, set):
+            shown.difference_update([m for m in list(shown) if "clears events" in m])
+
+    forget()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(logdir, steps=10, profile=tk.ProfileSchedule(wait=1, warmup=1, active=2, repeat=2))
+    assert len(_traces(logdir)) == 2  # one trace per cycle: nothing is cleared before it is written
+    assert not [w for w in caught if "clears events" in str(w.message)], [str(w.message) for w in caught]
+    # a profiler of the user's still gets torch's warning
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sched = torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=2)
+        with torch.profiler.profile(schedule=sched, on_trace_ready=lambda p: None) as prof:
+            for _ in range(4):
+                torch.ones(2).sum()
+                prof.step()
+    assert [w for w in caught if "clears events" in str(w.message)]

@@ -24,6 +24,10 @@ from typing import Any, Callable, List, Optional
 
 #: The suffixes of a trace file, plain or gzip-compressed.
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+#: torch's warning when a cycle after the first starts; trainkit writes one trace per cycle, so
+#: nothing is lost and the advice (acc_events=True) does not apply. Older torch has no space
+#: after "cycle.".
+_CLEARS_EVENTS = "Profiler clears events at the end of each cycle"
 
 
 def is_trace(name: str) -> bool:
@@ -69,6 +73,32 @@ def _warn(message: str) -> None:
     warnings.warn(message, UserWarning, stacklevel=level)
 
 
+_profile_class: Any = None
+
+
+def _quiet_profile() -> Any:
+    """torch.profiler.profile without its warning that a new cycle clears the last one's events."""
+    global _profile_class
+    if _profile_class is None:
+        import torch.profiler.profiler as tpp
+
+        class _Profile(tpp.profile):
+            def prepare_trace(self) -> None:
+                # torch warns once per process (its _warn_once set): what this hides is put back
+                # out of that set, so a profiler of the user's still warns.
+                shown = getattr(tpp, "_WARNINGS_SHOWN", None)
+                before = set(shown) if isinstance(shown, set) else None
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message=".*" + _CLEARS_EVENTS)
+                    super().prepare_trace()
+                if before is not None:
+                    shown.difference_update([m for m in shown - before
+                                             if isinstance(m, str) and _CLEARS_EVENTS in m])
+
+        _profile_class = _Profile
+    return _profile_class
+
+
 class Tracer:
     """One torch.profiler run for one session, stepped by the session at each real step.
 
@@ -85,7 +115,7 @@ class Tracer:
 
     def __init__(self, logdir: str, schedule: Any, *, rank: Optional[int] = None) -> None:
         import torch
-        from torch.profiler import ProfilerAction, ProfilerActivity, profile
+        from torch.profiler import ProfilerAction, ProfilerActivity
         from torch.profiler import schedule as make_schedule
 
         check_no_profiler(schedule)
@@ -102,7 +132,7 @@ class Tracer:
         self._idle = (ProfilerAction.NONE, ProfilerAction.WARMUP)
         self._none = ProfilerAction.NONE
         self._end = (schedule.wait + schedule.warmup + schedule.active) * schedule.repeat
-        self._prof: Any = profile(
+        self._prof: Any = _quiet_profile()(
             activities=activities,
             schedule=make_schedule(wait=schedule.wait, warmup=schedule.warmup,
                                    active=schedule.active, repeat=schedule.repeat),
