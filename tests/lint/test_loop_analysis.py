@@ -422,3 +422,37 @@ def test_fallback_import_of_torch_cuda_amp_is_not_tk401() -> None:
     scaler = GradScaler()
     """
     assert _pairs(only_there) == [("TK401", 6)]
+
+
+# --------------------------------------------------------------------------- TK5xx: datasets already on the GPU
+
+
+def test_no_pin_memory_or_workers_advice_for_a_dataset_already_on_cuda() -> None:
+    src = """
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    X = torch.randn(10000, 784, device="cuda")
+    Y = torch.randint(0, 10, (10000,), device="cuda")
+    loader = DataLoader(TensorDataset(X, Y), batch_size=256, shuffle=True)
+    dev = torch.device("cuda:0")
+    ds = TensorDataset(torch.randn(8, 2).to(dev), torch.randn(8).cuda())
+    other = DataLoader(ds, batch_size=4)
+    """
+    assert _pairs(src) == []
+    on_cpu = src.replace('device="cuda"', 'device="cpu"')
+    assert _pairs(on_cpu) == [("TK501", 6), ("TK502", 6)]
+
+
+def test_host_sync_wording_in_a_script_that_never_mentions_cuda() -> None:
+    src = """
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        total += loss.item()
+    """
+    (finding,) = lint_source(textwrap.dedent(src))
+    assert finding.code == "TK302"
+    assert finding.message.endswith("forces a device sync on every training step (the CPU waits for the GPU when there is one)")
+    (on_gpu,) = lint_source(textwrap.dedent(src) + "model.cuda()\n")
+    assert "`loss.item()` waits for the GPU on every training step" in on_gpu.message

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import ast
-from typing import Iterator, List
+from typing import Dict, Iterator, List
 
-from trainkit.lint._core import FileContext
+from trainkit.lint._core import FileContext, dotted, method_name
 from trainkit.lint._registry import Hit, rule
 
 # Positional index of the argument in torch.utils.data.DataLoader's signature.
@@ -12,15 +12,77 @@ _NUM_WORKERS_POS = 5
 _PIN_MEMORY_POS = 7
 
 
+def _assignments(ctx: FileContext) -> Dict[str, List[ast.expr]]:
+    """Name -> the values assigned to it anywhere in the file."""
+    out: Dict[str, List[ast.expr]] = {}
+    for node in ctx.nodes:
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                name = dotted(target)
+                if name is not None:
+                    out.setdefault(name, []).append(node.value)
+    return out
+
+
+def _is_cuda_device(expr: ast.expr, values: Dict[str, List[ast.expr]], depth: int = 0) -> bool:
+    """``"cuda"``, ``"cuda:0"``, ``torch.device("cuda")``, or a name only ever bound to one of those."""
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+        return expr.value.lower().startswith("cuda")
+    if isinstance(expr, ast.Call) and (dotted(expr.func) or "").endswith("device") and expr.args:
+        return _is_cuda_device(expr.args[0], values, depth + 1)
+    name = dotted(expr)
+    if name is not None and depth < 3 and name in values:
+        return all(_is_cuda_device(v, values, depth + 1) for v in values[name])
+    return False
+
+
+def _on_cuda(expr: ast.expr, values: Dict[str, List[ast.expr]], depth: int = 0) -> bool:
+    """A tensor visibly on CUDA: ``x.cuda()``, ``x.to("cuda")``, ``torch.randn(..., device="cuda")``,
+    or a name only ever bound to one of those."""
+    if isinstance(expr, ast.Call):
+        if method_name(expr) == "cuda":
+            return True
+        if method_name(expr) == "to" and expr.args and _is_cuda_device(expr.args[0], values):
+            return True
+        return any(k.arg in ("device", "device_type") and _is_cuda_device(k.value, values) for k in expr.keywords)
+    name = dotted(expr)
+    if name is not None and depth < 3 and name in values:
+        return all(_on_cuda(v, values, depth + 1) for v in values[name])
+    return False
+
+
+def _dataset_on_cuda(ctx: FileContext, loader: ast.Call, values: Dict[str, List[ast.expr]]) -> bool:
+    """Whether the loader's dataset is a ``TensorDataset`` of tensors already on CUDA.
+
+    Pinning then fails (only CPU tensors can be pinned) and worker processes cannot
+    use CUDA tensors made in the parent, so the TK5xx advice does not apply.
+    """
+    dataset = loader.args[0] if loader.args else next((k.value for k in loader.keywords if k.arg == "dataset"), None)
+    if dataset is None:
+        return False
+    candidates = [dataset]
+    name = dotted(dataset)
+    if name is not None:
+        candidates = values.get(name, [])
+    for candidate in candidates:
+        if (isinstance(candidate, ast.Call) and (ctx.qualname(candidate.func) or "").endswith("TensorDataset")
+                and any(_on_cuda(arg, values) for arg in candidate.args)):
+            return True
+    return False
+
+
 def _loaders(ctx: FileContext) -> List[ast.Call]:
-    """``DataLoader(...)`` calls without ``**kwargs`` (which might set anything), in a CUDA script."""
+    """``DataLoader(...)`` calls without ``**kwargs`` (which might set anything), in a CUDA script,
+    over a dataset not visibly on the GPU already."""
     if not ctx.mentions_cuda:
         return []
+    values = _assignments(ctx)
     return [
         call
         for call in ctx.calls
         if (ctx.qualname(call.func) or "").split(".")[-1] == "DataLoader"
         and not any(k.arg is None for k in call.keywords)
+        and not _dataset_on_cuda(ctx, call, values)
     ]
 
 

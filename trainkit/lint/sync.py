@@ -56,6 +56,9 @@ def _printed_tensor(call: ast.Call, tensors: Set[str]) -> Optional[str]:
 )
 def check_host_sync(ctx: FileContext) -> Iterator[Hit]:
     """Flag a GPU->CPU sync in the training step outside a logging condition."""
+    # A script that never mentions CUDA may run on a CPU, where the sync costs little.
+    waits = ("waits for the GPU on every training step" if ctx.mentions_cuda
+             else "forces a device sync on every training step (the CPU waits for the GPU when there is one)")
     for loop in ctx.training_loops:
         tensors = {n for n in (loss_of(loop, c) for c in loop.backward_calls) if n}
         for call in loop.calls:
@@ -70,7 +73,7 @@ def check_host_sync(ctx: FileContext) -> Iterator[Hit]:
                 continue
             yield Hit(
                 call,
-                f"{found} waits for the GPU on every training step",
+                f"{found} {waits}",
                 "log every N steps under `if step % log_every == 0:`, or keep a device-side "
                 "running total (`total += loss.detach()`) and read it once per epoch",
             )
