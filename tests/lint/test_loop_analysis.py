@@ -456,3 +456,36 @@ def test_host_sync_wording_in_a_script_that_never_mentions_cuda() -> None:
     assert finding.message.endswith("forces a device sync on every training step (the CPU waits for the GPU when there is one)")
     (on_gpu,) = lint_source(textwrap.dedent(src) + "model.cuda()\n")
     assert "`loss.item()` waits for the GPU on every training step" in on_gpu.message
+
+
+# --------------------------------------------------------------------------- one report, silenced where written
+
+
+def test_cpu_numpy_chain_is_one_sync() -> None:
+    src = """
+    for x, y in loader:
+        logits = model(x)
+        criterion(logits, y).backward()
+        optimizer.step()
+        preds = logits.argmax(1).cpu().numpy()
+    """
+    assert _pairs(src) == [("TK302", 6)]
+
+
+def test_ignore_comment_on_the_first_or_last_line_of_a_multi_line_call() -> None:
+    src = """
+    for batch in loader:
+        loss = model(batch)
+        loss.backward()
+        optimizer.step()
+        print(  # trainkit: ignore[TK302]
+            loss.item(),
+        )
+        print(
+            loss.tolist(),
+        )  # trainkit: ignore[TK302]
+        print(
+            loss.cpu(),
+        )  # trainkit: ignore[TK101]
+    """
+    assert _pairs(src) == [("TK302", 13)]

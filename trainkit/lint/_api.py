@@ -110,13 +110,37 @@ def lint_source(source: str, path: str = "<string>", *, select: Codes = None, ig
             rule = RULES[code]
             for hit in rule.check(ctx):
                 line = getattr(hit.node, "lineno", 1)
-                if not is_suppressed(code, line, suppressions):
+                if not any(is_suppressed(code, n, suppressions) for n in _comment_lines(ctx, hit.node)):
                     col = getattr(hit.node, "col_offset", 0) + 1
                     findings.add(Finding(path, line, col, code, rule.severity, hit.message, hit.fix))
     except (RecursionError, MemoryError) as exc:
         # ast.unparse/ast.dump recurse: an expression nested thousands deep exhausts the stack.
         raise LintError(path, 0, f"too deeply nested to lint ({type(exc).__name__}); not linted") from exc
     return sorted(findings, key=lambda f: (f.line, f.col, f.code))
+
+
+def _comment_lines(ctx: FileContext, node: ast.AST) -> List[int]:
+    """Lines whose ``# trainkit: ignore`` silences a finding at ``node``.
+
+    Its own line, and the first and last lines of the expressions and the simple
+    statement around it: the comment may sit on ``print(`` or on the closing ``)``
+    of a call written over several lines.
+    """
+    lines = [getattr(node, "lineno", 1)]
+    current: Optional[ast.AST] = node
+    while current is not None and not isinstance(current, ast.mod):
+        if isinstance(current, ast.stmt) and any(
+            isinstance(getattr(current, field, None), list) for field in ("body", "orelse", "handlers", "cases")
+        ):
+            break  # a compound statement: its lines are other statements'
+        for attr in ("lineno", "end_lineno"):
+            value = getattr(current, attr, None)
+            if value is not None:
+                lines.append(value)
+        if isinstance(current, ast.stmt):
+            break
+        current = ctx.parents.get(current)
+    return lines
 
 
 def iter_python_files(paths: Collection[str]) -> Iterator[str]:
