@@ -302,3 +302,70 @@ print("done")
         out[how] = proc.stderr
     assert "Profiler record function" in out["raw"]  # else torch stopped warning: drop the filter
     assert "Profiler record function" not in out["trainkit"], out["trainkit"][-2000:]
+
+
+def test_float64_parameters_step_as_eager_to_the_last_bits() -> None:
+    # lr is handed to the compiled step as a tensor: float64 for float64 parameters (a float32
+    # one was ~1e-8 off eager's Python double).
+    def run(compile: bool) -> List[torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 4).double()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        if compile:
+            tk.patch(opt, compile=True)
+        sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.3, total_iters=3)
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        for _ in range(4):
+            model(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    for a, b in zip(run(True), run(False)):
+        assert ((a - b).norm() / b.norm()).item() < 1e-14
+
+
+@pytest.mark.parametrize("body", ["full", "step_only"])
+def test_a_decorated_function_inside_accumulate_runs_every_micro_batch(body: str) -> None:
+    # A function doing forward, backward and step: before, its whole call went through the
+    # gate, so between window ends it never ran (its micro-batches still counted in the divisor).
+    from ._oracle import batches, max_rel_err, model64, windows_oracle
+
+    data = batches([4] * 7)
+    make = lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)  # noqa: E731
+    base = model64()
+    oracle = windows_oracle(base, make, [data[0:3], data[3:6], data[6:7]])
+    import copy
+
+    m = copy.deepcopy(base)
+    opt = make(m.parameters())
+
+    if body == "full":
+        @tk.compiled_step
+        def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+    else:
+        @tk.compiled_step
+        def step() -> None:
+            opt.step()
+
+        def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            loss.backward()
+            step()
+            return loss
+
+    tk.patch(opt)
+    losses = []
+    with tk.accumulate(3, opt) as acc:
+        for x, y in data:
+            losses.append(train_step(x, y))
+            opt.zero_grad()
+    assert len(losses) == 7 and all(v is not None for v in losses)
+    assert acc.steps == 3
+    assert max_rel_err(m, oracle) < 1e-12
+    assert opt.__dict__["_trainkit_patch"].core == opt.__dict__["_trainkit_patch"].orig_step

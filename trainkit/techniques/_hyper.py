@@ -51,15 +51,18 @@ class HyperTensors:
         #: True after a call that switched some group's betas to tensors (one compile expected).
         self.expect_compile = False
 
-    def _tensor(self, gi: int, key: str, value: float, device: Any) -> Any:
+    def _tensor(self, gi: int, key: str, value: float, device: Any, wide: bool = False) -> Any:
         import torch
 
         t = self._tensors.get((gi, key))
         if t is None:
             # Betas on the CPU in float64: Adam computes 1 - beta**step from them, and float32
             # drifts from eager's Python doubles (rel err ~1e-5 after a few dozen steps; float64:
-            # ~3e-7). On CUDA float32, what the capturable foreach kernels take.
-            dtype = (torch.float64 if key.startswith("beta") and torch.device(device).type == "cpu"
+            # ~3e-7). On CUDA float32, what the capturable foreach kernels take. Everything in
+            # float64 for float64 parameters (``wide``): eager's lr is a Python double, and a
+            # float32 one is off by ~1e-8 relative.
+            dtype = (torch.float64 if wide or (key.startswith("beta")
+                                               and torch.device(device).type == "cpu")
                      else torch.float32)
             t = self._tensors[(gi, key)] = torch.zeros((), dtype=dtype, device=device)
         t.fill_(value)  # a plain copy outside the graph: dynamo never sees the float
@@ -67,15 +70,18 @@ class HyperTensors:
 
     def swap_in(self) -> List[Tuple[Dict[str, Any], str, Any]]:
         """Put tensors holding the current values into ``param_groups``; returns what to restore."""
+        import torch
+
         saved = []
         self.expect_compile = False
         for gi, group in enumerate(self.opt.param_groups):
             params = group["params"]
             device = params[0].device if params else "cpu"
+            wide = bool(params) and params[0].dtype == torch.float64
             for key in self.KEYS:
                 value = group.get(key)
                 if key == "lr" and isinstance(value, float):
-                    new: Any = self._tensor(gi, "lr", value, device)
+                    new: Any = self._tensor(gi, "lr", value, device, wide)
                 elif (key == "betas" and isinstance(value, tuple) and len(value) == 2
                       and all(isinstance(b, float) for b in value)):
                     if not self._betas_moving.get(gi):
@@ -85,8 +91,8 @@ class HyperTensors:
                             continue  # constant so far: left a Python float, folded by inductor
                         self._betas_moving[gi] = True
                         self.expect_compile = _takes_tensor(self.opt, group, key)
-                    new = (self._tensor(gi, "beta1", value[0], device),
-                           self._tensor(gi, "beta2", value[1], device))
+                    new = (self._tensor(gi, "beta1", value[0], device, wide),
+                           self._tensor(gi, "beta2", value[1], device, wide))
                 else:
                     continue  # absent, or already a tensor (the user's own recipe)
                 if not _takes_tensor(self.opt, group, key):

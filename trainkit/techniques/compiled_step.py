@@ -21,6 +21,7 @@ import logging
 import re
 import time
 import warnings
+import weakref
 from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, overload
 
 from ..session import active as _active_session  # the module name is rebound by __init__
@@ -227,6 +228,8 @@ def _decorate(fn: Callable[..., Any], *, mode: Optional[str], fullgraph: bool) -
     # reassigned, after the function is decorated.
     compiled = _Compiled(fn, lambda: referenced_optimizers(fn), mode=mode, fullgraph=fullgraph,
                          name=getattr(fn, "__qualname__", repr(fn)))
+    #: optimizer -> its own step compiled, for calls inside tk.accumulate (made at the first)
+    own_cores: "weakref.WeakKeyDictionary[Any, Callable[..., Any]]" = weakref.WeakKeyDictionary()
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -234,6 +237,24 @@ def _decorate(fn: Callable[..., Any], *, mode: Optional[str], fullgraph: bool) -
                    if (p := optimizer_patch(o)) is not None]
         if not patches:
             return compiled(*args, **kwargs)
+        if any(p.gate is not None for _o, p in patches):
+            # Inside tk.accumulate the function may run a micro-batch's forward and backward
+            # too: they must run at every call, and before the gate divides (and clips) the
+            # window's gradients at its last one, so no one graph can hold them with the update.
+            # The function runs as it is, its optimizers' steps gated, each real step compiled.
+            cores = [p.core for _o, p in patches]
+            for o, p in patches:
+                if not p.compiled:
+                    core = own_cores.get(o)
+                    if core is None:
+                        core = own_cores[o] = compile_core(o, p.orig_step, mode=mode,
+                                                           fullgraph=fullgraph)
+                    p.core = core
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                for (_o, p), core in zip(patches, cores):
+                    p.core = core
         # A patched optimizer's gate and timers stay outside the graph: the first patched
         # optimizer's pipeline runs the whole compiled function as its core, and inside it every
         # patched optimizer's step is its own step (the same object each call: no guard fails).
@@ -282,6 +303,9 @@ def compiled_step(target: Any = None, *, mode: Optional[Mode] = None,
     ``param_groups`` hold the Python values between calls. Compile time and recompiles are
     recorded as ``trainkit/compile/seconds`` and ``trainkit/compile/recompiles``. With
     ``tk.technique("compile")`` switched off it returns the function (or optimizer) as it is.
+    Inside ``tk.accumulate`` a decorated function runs as it is at every micro-batch (it may hold
+    the forward and backward too, which must run before the window's gradients are divided),
+    and each optimizer's real step is compiled on its own.
 
     Args:
         target: the step function, or an optimizer, or None (decorator with options).
