@@ -22,6 +22,8 @@ import sys
 import warnings
 from typing import Any, Callable, List, Optional
 
+from .regions import profiler_check, profiler_enabled
+
 #: The suffixes of a trace file, plain or gzip-compressed.
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 #: torch's warning when a cycle after the first starts; trainkit writes one trace per cycle, so
@@ -42,8 +44,6 @@ def worker_name(rank: Optional[int]) -> str:
 
 def profiler_recording() -> bool:
     """True while some torch profiler records (torch's Python-side flag or its C one)."""
-    from .regions import profiler_check, profiler_enabled
-
     return profiler_enabled() or bool(profiler_check()())
 
 
