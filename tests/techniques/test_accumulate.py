@@ -304,6 +304,27 @@ def test_exception_after_a_windows_first_backward_discards_its_gradient():
     assert all(p.grad is None for p in m.parameters())
 
 
+def test_model_zero_grad_is_held_too_when_the_model_is_named():
+    # model.zero_grad() is a common spelling; inside a window it would wipe the running sum.
+    base = model64()
+    data = batches([5] * 5)
+    oracle = big_batch_oracle(base, OPTS["adam"], data, 2)
+    m = copy.deepcopy(base)
+    opt = OPTS["adam"](m.parameters())
+    with tk.accumulate(2, opt, model=m) as acc:
+        for x, y in data:
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            opt.step()
+            m.zero_grad()
+    assert acc.steps == 3 and max_rel_err(m, oracle) < 1e-10
+    assert all(p.grad is None for p in m.parameters())  # the partial window's, after its step
+    assert "zero_grad" not in m.__dict__  # the model's own method again
+    x, y = data[0]
+    torch.nn.functional.mse_loss(m(x), y).backward()
+    m.zero_grad()
+    assert all(p.grad is None for p in m.parameters())
+
+
 def test_exception_discards_partial_window():
     m = model64()
     opt = torch.optim.SGD(m.parameters(), lr=0.1)

@@ -349,6 +349,19 @@ def warn_if_divided(loss: Any) -> None:
             UserWarning, stacklevel=3)
 
 
+_NONE = object()
+
+
+def _held_zero_grad(acc: Accumulator, zero_grad: Callable[..., Any]) -> Callable[..., Any]:
+    """The model's ``zero_grad`` for the block: a no-op inside a window, like the optimizer's."""
+    def held(*args: Any, **kwargs: Any) -> Any:
+        if acc.hold_zero_grad():
+            return None
+        return zero_grad(*args, **kwargs)
+
+    return held
+
+
 def _grads(optimizer: Any) -> List[Any]:
     return [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
 
@@ -377,8 +390,10 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None, normalize: Normaliz
     Args:
         n: micro-batches per optimizer step (a positive int).
         optimizer: the optimizer; patched with :func:`trainkit.patch` if it is not already.
-        model: the DDP-wrapped model or the FSDP2 root (given to ``fully_shard``), to skip
-            gradient sync on non-boundary micro-batches.
+        model: the model (the DDP-wrapped one, or the FSDP2 root given to ``fully_shard``), to
+            skip gradient sync on non-boundary micro-batches; its ``zero_grad()`` is held inside
+            a window too. Without it, call ``optimizer.zero_grad()``, not ``model.zero_grad()``,
+            which would wipe the window's running sum.
         normalize: ``"mean"`` (divide by micro-batches) or ``"items"`` (by ``acc.add_items``).
         clip_grad_norm: max norm of the window's gradient, clipped once per real step after it was
             divided (and synced, and unscaled under ``amp.step``), as ``clip_grad_norm_`` after a
@@ -397,8 +412,12 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None, normalize: Normaliz
     acc = Accumulator(n, optimizer, model, normalize, max_norm)
     prev_gate = p.gate
     hook = None
+    own_zero_grad: Any = None
     if model is not None:
         hook = model.register_forward_pre_hook(acc.forward_pre_hook)
+        # model.zero_grad() would wipe the window's running sum as surely as the optimizer's.
+        own_zero_grad = model.__dict__.get("zero_grad", _NONE)
+        model.zero_grad = _held_zero_grad(acc, model.zero_grad)
     wrap_zero_grad(optimizer)  # zero_grad() must be a no-op inside a window
     p.gate = acc
     _open.append(acc)
@@ -418,3 +437,7 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None, normalize: Normaliz
             if hook is not None:
                 hook.remove()
                 dp.set_sync(model, True)
+                if own_zero_grad is _NONE:
+                    model.__dict__.pop("zero_grad", None)
+                else:
+                    model.__dict__["zero_grad"] = own_zero_grad
