@@ -37,6 +37,17 @@ def test_patched_loader_keeps_len_attributes_and_epochs():
     assert tk.patch(p) is p and tk.unpatch(p) is dl
 
 
+def test_a_patched_source_without_len_has_none_and_is_true():
+    import collections.abc
+
+    gen = (torch.zeros(2) for _ in range(3))
+    p = tk.patch(gen)
+    assert bool(p) and not hasattr(p, "__len__") and not isinstance(p, collections.abc.Sized)
+    sized = tk.patch([])
+    assert len(sized) == 0 and not sized and isinstance(sized, collections.abc.Sized)
+    assert isinstance(sized, type(p))  # both are patched loaders: tk.unpatch takes either
+
+
 def test_generator_source_without_len():
     p = tk.patch(x for x in range(3))
     with pytest.raises(TypeError):
@@ -339,7 +350,7 @@ def test_region_nested_in_itself_times_each_entry(tmp_path):
     assert scalars(tmp_path)["trainkit/region/recurse_ms"][0][1] == pytest.approx(sum(records), rel=1e-6)
 
 
-@pytest.mark.parametrize("bad", ["", "a b", 3, None, "x//y", "/x"])
+@pytest.mark.parametrize("bad", ["", "a b", 3, None, "x//y", "/x", ["forward"], {"a": 1}])
 def test_region_name_validation(bad):
     with pytest.raises(ValueError, match="profile_region"):
         tk.profile_region(bad)

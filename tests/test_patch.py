@@ -250,3 +250,52 @@ def test_zero_grad_is_wrapped_only_when_something_needs_it():
         assert all(p.grad is not None for p in model.parameters())
     tk.unpatch(opt)
     assert "zero_grad" not in opt.__dict__
+
+
+@pytest.mark.parametrize("how", ["repatched", "replaced"])
+def test_an_optimizer_patched_again_or_replaced_in_a_session_goes_on_counting_steps(tmp_path, how):
+    # The first optimizer to step makes the steps; once it is unpatched (or gone), the next
+    # one to step takes over. Before, the session kept waiting for the old one: phase 2's
+    # values all went into one step.
+    model = mlp()
+    batches = list(loader(n=32, batch_size=8))
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        train(model, opt, tk.patch(batches), log=s.log)
+        tk.unpatch(opt)
+        if how == "replaced":
+            del opt
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        tk.patch(opt)
+        train(model, opt, tk.patch(batches), log=s.log)
+    got = scalars(tmp_path)
+    assert s.step == 9
+    assert [st for st, _ in got["loss"]] == list(range(1, 9))
+    assert [st for st, _ in got["trainkit/update_ms"]] == list(range(1, 9))
+    assert [st for st, _ in got["trainkit/step_time_ms"]] == list(range(1, 9))
+
+
+def test_a_custom_optimizers_positional_argument_that_is_no_closure_is_passed_on():
+    class LossAware(torch.optim.SGD):
+        def step(self, loss=None):  # e.g. an optimizer that adapts to the loss value
+            assert loss is None or isinstance(loss, float), loss
+            return super().step()
+
+    model = mlp()
+    opt = tk.patch(LossAware(model.parameters(), lr=0.1))
+    x, y = next(iter(loader()))
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step(0.5)  # before: wrapped as a timed closure, and the optimizer got a function
+    with tk.accumulate(1, opt):
+        opt.step(0.5)
+
+
+def test_a_malformed_techniques_variable_leaves_the_optimizer_unpatched(monkeypatch):
+    opt = torch.optim.SGD(mlp().parameters(), lr=0.1)
+    monkeypatch.setenv("TRAINKIT_TECHNIQUES", "{not json")
+    with pytest.raises(ValueError, match="TRAINKIT_TECHNIQUES"):
+        tk.patch(opt)
+    assert "step" not in opt.__dict__ and "_trainkit_patch" not in opt.__dict__
+    monkeypatch.setenv("TRAINKIT_TECHNIQUES", '{"set_to_none": false}')
+    tk.patch(opt)  # fixed: now it patches, and the switch takes effect
+    assert opt.__dict__["_trainkit_patch"].set_to_none is False

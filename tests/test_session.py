@@ -46,6 +46,24 @@ def test_loop_records_every_step_in_tensorboard(tmp_path):
     assert got["trainkit/memory/peak_MB"][-1][1] >= got["trainkit/system/rss_MB"][-1][1] * 0.5
 
 
+def test_the_first_cpu_load_sample_taken_by_another_thread_is_the_load_since_the_start():
+    # The writer thread samples; the sampler is made in the session's. psutil's own interval
+    # state is per thread, so the first sample read an interval of ~0 (0.0%).
+    import threading
+
+    from trainkit.sinks.system import CPU_PERCENT, SystemSampler
+
+    sampler = SystemSampler()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.4:  # one core busy
+        pass
+    got = []
+    t = threading.Thread(target=lambda: got.append(sampler()[CPU_PERCENT]))
+    t.start()
+    t.join()
+    assert 10.0 <= got[0] <= 100.0, got
+
+
 def test_logged_tensor_values_are_the_losses(tmp_path):
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -66,6 +66,11 @@ class OptimizerPatch:
         #: the session this optimizer last stepped in (a weak reference), None before its first
         self.session: Any = None
 
+    def patched(self) -> bool:
+        """Whether its optimizer is alive and still patched by this patch."""
+        opt = self._opt()
+        return opt is not None and opt.__dict__.get(_ATTR) is self
+
     def cuda(self) -> bool:
         if self._cuda is not None:
             return self._cuda
@@ -81,7 +86,7 @@ class OptimizerPatch:
             s.optimizer_steps_from_here()  # also for an optimizer patched inside the loop
         gate = self.gate
         if gate is not None:
-            closure = kwargs.get("closure", args[0] if args else None)
+            closure = _closure_of(args, kwargs)
             if closure is None:
                 if not gate.should_step():
                     return None  # inside an accumulation window: gradients keep adding up
@@ -101,7 +106,7 @@ class OptimizerPatch:
         if self.session is None or self.session() is not s:
             self.session = weakref.ref(s)
         closure_ms = [0.0]
-        closure = kwargs.get("closure", args[0] if args else None)
+        closure = _closure_of(args, kwargs)
         if closure is not None:
             timed = _timed_closure(closure, closure_ms)
             if "closure" in kwargs:
@@ -117,9 +122,10 @@ class OptimizerPatch:
         else:
             out = self.core(*args, **kwargs)
         t1 = timing.now()
-        if s._primary is None:
-            s._primary = self
-        primary = s._primary is self
+        first = s._primary
+        if first is None or (first is not self and not first.patched()):
+            s._primary = first = self  # the first to step, or the one after it was unpatched
+        primary = first is self
         # A second optimizer (a GAN's) adds its update time to a step, and makes none. It steps
         # after the first one in an iteration: its time belongs to the step of the batch it
         # trained on (a patched loader's), else to the step the first optimizer just ended.
@@ -160,6 +166,13 @@ def stepped_elsewhere(s: Any) -> bool:
         if ref is None or ref() is s:
             return False
     return True
+
+
+def _closure_of(args: Any, kwargs: Any) -> Any:
+    """The closure a ``step(...)`` call passes, or None (a custom optimizer's first positional
+    argument may be something else, e.g. the loss: it is passed on untouched)."""
+    closure = kwargs.get("closure", args[0] if args else None)
+    return closure if callable(closure) else None
 
 
 def _run_closure(closure: Callable[[], Any], s: Any) -> Any:
@@ -254,6 +267,9 @@ def optimizer_patch(opt: Any) -> Optional[OptimizerPatch]:
 def _patch_optimizer(opt: Any, *, compile: bool) -> Any:
     p = optimizer_patch(opt)
     if p is None:
+        from .switches import check_overrides
+
+        check_overrides()  # a malformed TRAINKIT_TECHNIQUES fails here, before the patch
         p = OptimizerPatch(opt)
         opt.__dict__[_ATTR] = p
         opt.step = types.MethodType(_step_function(p), opt)
@@ -366,8 +382,8 @@ class PatchedLoader:
                     s._batch_step = None
                 raise
 
-    def __len__(self) -> int:
-        return len(self.source)
+    def __bool__(self) -> bool:
+        return bool(self.source)
 
     def __getattr__(self, name: str) -> Any:
         if name in ("source", "original"):  # not set yet (unpickling): no recursing in here
@@ -376,6 +392,14 @@ class PatchedLoader:
 
     def __repr__(self) -> str:
         return f"trainkit.patch({self.source!r})"
+
+
+class SizedPatchedLoader(PatchedLoader):
+    """A :class:`PatchedLoader` of a source with ``len()`` (a source without has no ``__len__``
+    here either: ``len()``, ``bool()`` and ``collections.abc.Sized`` answer as on the source)."""
+
+    def __len__(self) -> int:
+        return len(self.source)
 
 
 def patch(obj: Any, *, compile: bool = False) -> Any:
@@ -414,7 +438,8 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
                         "e.g. tk.patch(optimizer, compile=True)")
     from .techniques.loader_options import rebuild  # pin_memory / num_workers overrides
 
-    return PatchedLoader(rebuild(obj), obj)
+    source = rebuild(obj)
+    return (SizedPatchedLoader if hasattr(source, "__len__") else PatchedLoader)(source, obj)
 
 
 def unpatch(obj: Any) -> Any:

@@ -87,7 +87,7 @@ def record_function(name: str) -> Any:
 
 
 def check_name(name: Any, what: str = "profile_region") -> str:
-    if name in _checked:
+    if name.__class__ is str and name in _checked:
         return name
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"{what}({name!r}): name must be a non-empty str of letters, digits, '_', "
@@ -221,7 +221,10 @@ def profile_region(name: str) -> _Region:
         @tk.profile_region("eval")
         def evaluate(model): ...
     """
-    r = _regions.get(name)
+    try:
+        r = _regions.get(name)
+    except TypeError:  # unhashable: check_name says what a name must be
+        r = None
     if r is None:
         check_name(name)
         load_flags()

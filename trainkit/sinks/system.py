@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import resource
 import sys
-from typing import Dict
+from typing import Any, Dict, Tuple
 
 from .. import timing
 from ..recorder import PREFIX
@@ -29,11 +29,23 @@ class SystemSampler:
 
         self._psutil = psutil
         self._proc = psutil.Process()
-        psutil.cpu_percent(interval=None)  # the first call only starts the measuring interval
+        # The load since the last sample, from the machine's CPU times kept here: psutil's own
+        # cpu_percent(interval=None) keeps them per calling thread, so a first sample taken in
+        # another thread (the writer's) than the one that primed it read an interval of ~0.
+        self._last = _busy_total(psutil.cpu_times())
+
+    def cpu_percent(self) -> float:
+        """The machine's CPU load (%) since the previous call (or since this sampler was made)."""
+        busy, total = _busy_total(self._psutil.cpu_times())
+        busy0, total0 = self._last
+        self._last = busy, total
+        if total <= total0:
+            return 0.0
+        return round(min(100.0, max(0.0, 100.0 * (busy - busy0) / (total - total0))), 1)
 
     def __call__(self) -> Dict[str, float]:
         rss = self._proc.memory_info().rss / 2**20
-        out = {CPU_PERCENT: float(self._psutil.cpu_percent(interval=None)), RSS_MB: rss}
+        out = {CPU_PERCENT: self.cpu_percent(), RSS_MB: rss}
         if timing.cuda_in_use():
             torch = sys.modules["torch"]
             out[PEAK_MB] = torch.cuda.max_memory_allocated() / 2**20
@@ -42,3 +54,9 @@ class SystemSampler:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             out[PEAK_MB] = peak / (2**20 if sys.platform == "darwin" else 2**10)
         return out
+
+
+def _busy_total(times: Any) -> Tuple[float, float]:
+    """(busy, total) seconds of CPU time, as psutil counts them (guest time is inside user)."""
+    total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+    return total - times.idle - getattr(times, "iowait", 0.0), total
