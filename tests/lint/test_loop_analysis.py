@@ -401,6 +401,77 @@ def test_tk104_division_by_the_n_given_to_tk_accumulate() -> None:
     assert _pairs(src.replace("loss.div(k)", "loss / num_tokens")) == []
 
 
+# --------------------------------------------------------------------------- TK106: zero_grad the block does not hold
+
+
+_TK106 = """
+import trainkit as tk
+def train(model, loader, criterion, optimizer):
+    with tk.accumulate(4, optimizer):
+        for x, y in loader:
+            criterion(model(x), y).backward()
+            optimizer.step()
+            model.zero_grad()
+"""
+
+
+def test_tk106_model_zero_grad_inside_accumulate() -> None:
+    findings = lint_source(textwrap.dedent(_TK106))
+    assert [(f.code, f.line, f.severity) for f in findings] == [("TK106", 8, "error")]
+    assert "wiping the window's running gradient sum at every micro-batch" in findings[0].message
+    assert "`optimizer.zero_grad()` instead" in findings[0].fix and "`model=model`" in findings[0].fix
+    # Through the imports too: `from trainkit import accumulate as acc`, and a while loop.
+    aliased = _TK106.replace("import trainkit as tk", "from trainkit import accumulate as acc").replace(
+        "tk.accumulate(", "acc(").replace("for x, y in loader:", "while True:")
+    assert _pairs(aliased) == [("TK106", 8)]
+    # Not trainkit's: accelerate's accumulate is left alone.
+    assert _pairs(_TK106.replace("tk.accumulate(4, optimizer)", "accelerator.accumulate(model)")) == []
+
+
+def test_tk106_not_reported_when_the_block_is_given_that_model() -> None:
+    given = _TK106.replace("tk.accumulate(4, optimizer)", "tk.accumulate(4, optimizer, model=model)")
+    assert _pairs(given) == []
+    # model= names another object (the DDP wrapper): the bare model's zero_grad() still wipes.
+    other = _TK106.replace("tk.accumulate(4, optimizer)", "tk.accumulate(4, optimizer, model=ddp_model)")
+    assert _pairs(other) == [("TK106", 8)]
+
+
+def test_tk106_not_reported_for_the_blocks_own_optimizer() -> None:
+    own = _TK106.replace("model.zero_grad()", "optimizer.zero_grad()")
+    assert _pairs(own) == []
+    keyword = own.replace("tk.accumulate(4, optimizer)", "tk.accumulate(n=4, optimizer=self.opt)").replace(
+        "optimizer.step()", "self.opt.step()").replace("optimizer.zero_grad()", "self.opt.zero_grad()")
+    assert _pairs(keyword) == []
+    assert _pairs(keyword.replace("self.opt.zero_grad()", "self.model.zero_grad()")) == [("TK106", 8)]
+
+
+def test_tk106_not_reported_outside_the_block_or_before_its_first_backward() -> None:
+    after = _TK106.replace("            model.zero_grad()\n", "") + "    model.zero_grad()\n"
+    assert _pairs(after) == []
+    # A block per epoch: at its start the window is empty (the previous block's exit stepped and zeroed).
+    per_epoch = """
+    import trainkit as tk
+    for epoch in range(3):
+        with tk.accumulate(4, optimizer):
+            model.zero_grad()
+            for x, y in loader:
+                criterion(model(x), y).backward()
+                optimizer.step()
+    """
+    assert _pairs(per_epoch) == []
+    # A block per batch: after the block's backward it wipes what the exit's step would use.
+    per_batch = """
+    import trainkit as tk
+    for x, y in loader:
+        with tk.accumulate(4, optimizer):
+            model.zero_grad()
+            criterion(model(x), y).backward()
+            model.zero_grad()
+            optimizer.step()
+    """
+    assert _pairs(per_batch) == [("TK106", 7)]
+
+
 # --------------------------------------------------------------------------- TK401: version-compatible imports
 
 

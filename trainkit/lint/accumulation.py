@@ -274,8 +274,8 @@ def _is_count(by: ast.expr, block: ast.Call) -> bool:
     return name is not None and bool(_COUNT_RE.search(name.split(".")[-1]))
 
 
-def _tk_accumulate_block(ctx: FileContext, node: ast.AST) -> Optional[ast.Call]:
-    """The ``tk.accumulate(...)`` call of trainkit's own accumulate block around ``node``, if any.
+def _tk_accumulate_with(ctx: FileContext, node: ast.AST) -> Optional[Tuple[ast.AST, ast.Call]]:
+    """The innermost ``with`` block of trainkit's own accumulate around ``node``, and its ``tk.accumulate(...)`` call.
 
     Only trainkit's (resolved through the imports): accelerate's ``accumulate`` divides the loss,
     and its ``clip_grad_norm_`` clips only where the gradients are synced.
@@ -287,8 +287,14 @@ def _tk_accumulate_block(ctx: FileContext, node: ast.AST) -> Optional[ast.Call]:
                 if isinstance(expr, ast.Call):
                     qual = ctx.qualname(expr.func) or ""
                     if qual.startswith("trainkit.") and qual.endswith(".accumulate"):
-                        return expr
+                        return parent, expr
     return None
+
+
+def _tk_accumulate_block(ctx: FileContext, node: ast.AST) -> Optional[ast.Call]:
+    """The ``tk.accumulate(...)`` call of trainkit's own accumulate block around ``node``, if any."""
+    found = _tk_accumulate_with(ctx, node)
+    return found[1] if found is not None else None
 
 
 @rule(
@@ -318,4 +324,77 @@ def check_clip_inside_accumulate(ctx: FileContext) -> Iterator[Hit]:
             "it clips that sum at every micro-batch, not the window's gradient as a big batch would",
             f"drop it and pass `clip_grad_norm={max_norm}` to `{ast.unparse(block.func)}(...)` (or to "
             "`amp.step`), which clips each window's divided gradient once, right before the real step",
+        )
+
+
+_LOOP_NODES = (ast.For, ast.AsyncFor, ast.While)
+
+
+def _runs_in_a_window(ctx: FileContext, call: ast.Call, block: ast.AST) -> bool:
+    """Whether ``call`` runs while a window of the accumulate ``block`` holds gradients.
+
+    In a loop inside the block it runs at every micro-batch, after the previous one's
+    backward. In a block inside a loop (one block per epoch, or per batch), a call placed
+    before the block's first backward finds the window empty (the previous block's exit
+    stepped and zeroed), so there only a call after a backward of the block counts.
+    """
+    if any(isinstance(p, _LOOP_NODES) for p in ctx.ancestors(call, stop=block)):
+        return True
+    if not any(isinstance(p, _LOOP_NODES) for p in ctx.ancestors(block)):
+        return False
+    here = pos(call)
+    return any(isinstance(n, ast.Call) and ctx.is_backward(n) and pos(n) < here for n in ast.walk(block))
+
+
+@rule(
+    "TK106",
+    name="zero-grad-not-held-inside-accumulate",
+    severity="error",
+    summary="zero_grad() on the model (or anything but the block's optimizer) inside a tk.accumulate block "
+            "wipes the window's running sum",
+)
+def check_zero_grad_not_held_inside_accumulate(ctx: FileContext) -> Iterator[Hit]:
+    """Flag ``model.zero_grad()`` inside ``with tk.accumulate(n, optimizer):`` not given ``model=model``.
+
+    trainkit makes the block's ``optimizer.zero_grad()`` a no-op while a window is open,
+    and the model's own ``zero_grad()`` too when the block is given ``model=``; any other
+    ``zero_grad()`` really zeroes. Another optimizer's ``zero_grad()`` (a GAN's
+    discriminator, stepped on every batch) zeroes only its own parameters and is not
+    reported, as in TK103.
+    """
+    for call in ctx.calls:
+        if not isinstance(call.func, ast.Attribute) or call.func.attr != "zero_grad":
+            continue
+        found = _tk_accumulate_with(ctx, call)
+        if found is None:
+            continue
+        block, acc = found
+        if any(k.arg is None for k in acc.keywords) or any(isinstance(a, ast.Starred) for a in acc.args):
+            continue  # `**kwargs`: the optimizer or model= cannot be seen
+        owner = dotted(call.func.value)
+        if owner is None or (ctx.qualname(call.func.value) or "").startswith("torch."):
+            continue  # `opts[i].zero_grad()`, `get_model().zero_grad()`, `nn.Module.zero_grad(m)`: unknown
+        optimizer = acc.args[1] if len(acc.args) > 1 else next(
+            (k.value for k in acc.keywords if k.arg == "optimizer"), None)
+        model = next((k.value for k in acc.keywords if k.arg == "model"), None)
+        held = [dotted(given) for given in (optimizer, model) if given is not None]
+        if owner in held or ctx.is_optimizer(owner):
+            continue  # held by the block, or another optimizer zeroing only its own parameters
+        if not _runs_in_a_window(ctx, call, block):
+            continue
+        shown = ast.unparse(call).splitlines()[0]
+        opt_name = (dotted(optimizer) if optimizer is not None else None) or "optimizer"
+        func = ast.unparse(acc.func)
+        holds = f"`{opt_name}.zero_grad()`"
+        fix = f"call `{opt_name}.zero_grad()` instead: inside the block it is held until each real step"
+        if model is not None:
+            holds += f" and `{ast.unparse(model)}.zero_grad()`"
+        else:
+            fix += f"; or pass `model={owner}` to `{func}(...)`, which then holds `{owner}.zero_grad()` inside a window too"
+        yield Hit(
+            call,
+            f"`{shown}` runs inside `{func}(...)` (line {acc.lineno}), which holds only {holds} inside a "
+            "window: this one really zeroes, wiping the window's running gradient sum at every micro-batch, "
+            "so the real step never sees the window's summed gradient (at most the last micro-batch's)",
+            fix,
         )
