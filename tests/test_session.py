@@ -64,6 +64,64 @@ def test_the_first_cpu_load_sample_taken_by_another_thread_is_the_load_since_the
     assert 10.0 <= got[0] <= 100.0, got
 
 
+def test_log_after_close_and_a_closed_session_entered_again_are_refused(tmp_path):
+    s = tk.session(logdir=tmp_path, system_metrics=False)
+    s.log("loss", 1.0)
+    s.close()
+    with pytest.raises(RuntimeError, match=r"log\('val_loss', \.\.\.\) after the session was closed"):
+        s.log("val_loss", 0.5)
+    with pytest.raises(RuntimeError, match="is closed and records nothing more; start a new one"):
+        with s:
+            pass
+    assert scalars(tmp_path)["loss"] == [(1, 1.0)]
+
+
+def test_two_threads_starting_a_session_at_once_get_one(tmp_path):
+    import threading
+
+    for trial in range(5):
+        barrier = threading.Barrier(2)
+        got, errors = [], []
+
+        def start(i):
+            barrier.wait()
+            try:
+                got.append(tk.session(logdir=tmp_path / f"{trial}_{i}", system_metrics=False))
+            except RuntimeError as exc:
+                errors.append(str(exc))
+
+        threads = [threading.Thread(target=start, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(got) == 1 and len(errors) == 1, (got, errors)
+        assert "already active" in errors[0] and tk.active() is got[0]
+        got[0].close()
+
+
+def test_a_forked_child_starts_a_session_of_its_own(tmp_path):
+    # A fork while the parent records (a sweep's worker pool): the inherited session is the
+    # parent's, not the child's to close or to be blocked by.
+    with tk.session(logdir=tmp_path / "parent", system_metrics=False) as s:
+        s.log("a", 1.0)
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 1
+            try:
+                with tk.session(logdir=tmp_path / "child", system_metrics=False) as c:
+                    c.log("b", 2.0)
+                code = 0 if tk.active() is None else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        assert tk.active() is s
+        s.log("a", 3.0)
+    assert scalars(tmp_path / "child")["b"] == [(1, 2.0)]
+    assert scalars(tmp_path / "parent")["a"] == [(1, 2.0)]  # 1.0 and 3.0 in one step: the mean
+
+
 def test_logged_tensor_values_are_the_losses(tmp_path):
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -135,6 +135,12 @@ class Recorder:
                 self.flush(final=False, slack=0 if stalled else 1)
             except BaseException as exc:  # keep the training alive; close() re-raises nothing
                 self.failed = exc
+                _warn_lost(self.writer.path, exc, "what is recorded from now on is dropped")
+                # Records go nowhere now; they must not pile up for the rest of the run.
+                while not self._stop:
+                    self._wake.wait(self.flush_secs)
+                    self._wake.clear()
+                    self.buf.clear()
                 return
 
     def flush(self, *, final: bool, slack: int = 0) -> None:
@@ -236,8 +242,20 @@ class Recorder:
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=max(5.0, self.flush_secs * 2))
         with self._lock:
-            self.flush(final=True)
-            self.writer.close()
+            try:
+                if self.failed is None:
+                    self.flush(final=True)
+                self.writer.close()
+            except Exception as exc:  # a full disk: said, not raised over the user's own error
+                self.buf.clear()
+                self._open.clear()
+                if self.failed is None:
+                    self.failed = exc
+                    _warn_lost(self.writer.path, exc, "the run's last records are lost")
+                try:
+                    self.writer.close()
+                except Exception:
+                    self.writer._file = None  # closed as far as it can be
 
 
 _NUMBER = (int, float)
@@ -281,6 +299,16 @@ def _combine_step(tags: Dict[str, Any], final: bool) -> Optional[Dict[str, float
         except Exception as exc:  # one value that cannot be written must not stop the writer
             _dropped(tag, exc)
     return out
+
+
+def _warn_lost(path: str, exc: BaseException, what: str) -> None:
+    """Say that the event file cannot be written (once per session): a warning, since the
+    training itself is fine and must go on (and a user's own exception must not be replaced)."""
+    import warnings
+
+    warnings.warn(f"trainkit: writing the run to {path!r} failed ({type(exc).__name__}: {exc}); "
+                  f"{what}, the training goes on. Free some space (or fix the folder) and start "
+                  f"a new tk.session to record again", RuntimeWarning, stacklevel=2)
 
 
 _warned_tags: set = set()

@@ -73,6 +73,12 @@ class Session:
 
     def __init__(self, logdir: Optional[Union[str, "os.PathLike[str]"]], *, profile: Any,
                  log_every: int, flush_secs: float, system_metrics: bool) -> None:
+        with _start_lock:  # one session at a time, also when two threads start one at once
+            self._start(logdir, profile=profile, log_every=log_every, flush_secs=flush_secs,
+                        system_metrics=system_metrics)
+
+    def _start(self, logdir: Any, *, profile: Any, log_every: int, flush_secs: float,
+               system_metrics: bool) -> None:
         if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
             raise ValueError(f"session(log_every={log_every!r}): must be a positive int "
                              f"(steps between writes), e.g. log_every=50")
@@ -188,7 +194,11 @@ class Session:
     def close(self) -> None:
         """Flush everything recorded and close the event files. Safe to call twice."""
         global _active
-        if self._closed or os.getpid() != self._pid:  # a forked DataLoader worker writes nothing
+        if os.getpid() != self._pid:  # a forked child (a DataLoader worker) writes nothing
+            if _active is self:
+                _active = None  # and may start a session of its own
+            return
+        if self._closed:
             return
         self._closed = True
         if _active is self:
@@ -204,6 +214,7 @@ class Session:
             finally:
                 self._recorder.close()
                 _release_signals()
+                self._buf = _ClosedBuffer(self)  # s.log after close says so: nothing is lost unsaid
 
     def flush(self) -> None:
         """Write every completed step recorded so far, now (the writer does it every ``flush_secs``).
@@ -220,6 +231,9 @@ class Session:
         return self._closed
 
     def __enter__(self) -> "Session":
+        if self._closed:
+            raise RuntimeError(f"{self!r} is closed and records nothing more; start a new one, "
+                               f"e.g. with tk.session(logdir={self.root!r}) as s:")
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -314,8 +328,23 @@ _sigterm_installed = False
 _atexit_registered = False
 
 
+class _ClosedBuffer:
+    """A closed session's buffer: what is still logged into it is refused, not dropped unsaid."""
+
+    def __init__(self, s: Session) -> None:
+        self._repr = repr(s)
+
+    def append(self, record: Any) -> None:
+        raise RuntimeError(f"log({record[0]!r}, ...) after the session was closed ({self._repr}): "
+                           f"it would not be written; log inside the `with tk.session(...)` block, "
+                           f"or start a new session")
+
+
+_start_lock = threading.RLock()
+
+
 def _check_none_active() -> None:
-    if _active is not None and not _active.closed:
+    if _active is not None and not _active.closed and _active._pid == os.getpid():
         raise RuntimeError(f"a trainkit session is already active ({_active!r}); close it first "
                            f"(leave its `with` block or call s.close()) — one session at a time")
 

@@ -208,3 +208,37 @@ def test_sigkill_loses_at_most_the_last_flush_secs(tmp_path):
     # Nothing invented: the file holds no step the child had not finished.
     assert len(steps) <= len(printed) + 1
     assert steps == list(range(1, len(steps) + 1))
+
+
+def test_a_full_disk_is_said_and_neither_replaces_the_users_exception_nor_fills_memory(tmp_path):
+    # The event file stops taking writes mid-run (RLIMIT_FSIZE stands in for a full disk).
+    # The writer says so once, keeps emptying the buffer, and the user's own exception leaves
+    # the block unchanged (before, close() raised OSError over it).
+    script = """
+import resource, signal, sys, time, warnings
+import torch, trainkit as tk
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() fails with EFBIG instead
+m = torch.nn.Linear(4, 1); opt = torch.optim.SGD(m.parameters(), lr=0.01)
+try:
+    with tk.session(logdir=sys.argv[1], system_metrics=False, flush_secs=0.05) as s:
+        tk.patch(opt)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200, resource.RLIM_INFINITY))
+        for i in range(2000):
+            loss = m(torch.randn(8, 4)).pow(2).mean(); loss.backward(); opt.step(); opt.zero_grad()
+            s.log("loss", loss)
+            if i % 100 == 0:
+                time.sleep(0.06)
+        time.sleep(0.2)
+        print("failed", type(s._recorder.failed).__name__, "buffered", len(s._buf), flush=True)
+        raise KeyError("users own")
+except KeyError as e:
+    print("propagated", repr(e), "context", repr(e.__context__), flush=True)
+"""
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run")], env=child_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.split()
+    assert out[:2] == ["failed", "OSError"] and int(out[3]) < 300, proc.stdout
+    assert "propagated KeyError('users own') context None" in proc.stdout
+    assert proc.stderr.count("RuntimeWarning: trainkit: writing the run to") == 1, proc.stderr
+    assert "the training goes on" in proc.stderr
