@@ -194,6 +194,7 @@ def test_logdir_that_cannot_be_created_is_refused(tmp_path):
 
 @pytest.mark.parametrize("kwargs, exc, text", [
     ({"logdir": 42}, TypeError, "logdir=42"),
+    ({"logdir": "runs/a\0b"}, ValueError, r"logdir='runs/a\\x00b'\): a path cannot hold a NUL"),
     ({"log_every": 0}, ValueError, "log_every=0"),
     ({"flush_secs": -1}, ValueError, "flush_secs=-1"),
     ({"flush_secs": float("nan")}, ValueError, "flush_secs=nan"),

@@ -41,9 +41,12 @@ def _check_logdir(logdir: Any) -> str:
     if not isinstance(logdir, (str, os.PathLike)):
         raise TypeError(f"session(logdir={logdir!r}): logdir must be a path (str or os.PathLike), "
                         f"e.g. tk.session(logdir='runs/exp1')")
-    path = os.fspath(logdir)
+    path = os.fsdecode(os.fspath(logdir))
     if not path:
         raise ValueError("session(logdir=''): logdir must not be empty, e.g. tk.session(logdir='runs/exp1')")
+    if "\0" in path:
+        raise ValueError(f"session(logdir={path!r}): a path cannot hold a NUL character ('\\0'); "
+                         f"pass a folder name without one, e.g. logdir='runs/exp1'")
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"session(logdir={path!r}): {path!r} is a file, not a folder; "
                          f"pass a folder (created if missing), e.g. logdir={path + '_runs'!r}")
