@@ -22,6 +22,32 @@ def zero_first_window(rank: int, sizes, n: int):
     return [0] * n + list(sizes[n:]) if rank == 1 else list(sizes)
 
 
+class Branches(torch.nn.Module):
+    """A trunk and one head per rank: under DDP(find_unused_parameters=True) each rank leaves
+    the other's head without a gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.trunk = torch.nn.Linear(6, 8)
+        self.heads = torch.nn.ModuleList([torch.nn.Linear(8, 3), torch.nn.Linear(8, 3)])
+        self.double()
+
+    def forward(self, x: torch.Tensor, head: int) -> torch.Tensor:
+        return self.heads[head](torch.tanh(self.trunk(x)))
+
+
+def run_branches(rank: int, n: int) -> dict:
+    model = torch.nn.parallel.DistributedDataParallel(Branches(), find_unused_parameters=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    with tk.accumulate(n, opt, model=model):
+        for x, y in rank_batches(rank, [4] * 10):
+            torch.nn.functional.mse_loss(model(x, rank), y).backward()
+            opt.step()
+            opt.zero_grad()
+    return {"params": [p.detach().clone() for p in model.module.parameters()]}
+
+
 def run(rank: int, world: int, port: int, outdir: str, sizes_by_rank, n: int) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"  # the child's own environment, for init_process_group
     os.environ["MASTER_PORT"] = str(port)
@@ -57,6 +83,7 @@ def run(rank: int, world: int, port: int, outdir: str, sizes_by_rank, n: int) ->
             out[key] = {"params": [p.detach().clone() for p in model.module.parameters()],
                               "allreduces": calls[0], "steps": acc.steps,
                               "sync_flag": model.require_backward_grad_sync}
+        out["branches"] = run_branches(rank, n)
         torch.save(out, os.path.join(outdir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()

@@ -3,7 +3,7 @@ import socket
 import pytest
 import torch
 
-from ._ddp_worker import CLIP, rank_batches, run, zero_first_window
+from ._ddp_worker import CLIP, Branches, rank_batches, run, zero_first_window
 from ._oracle import big_batch_oracle, max_rel_err, model64
 
 SIZES = [[3, 5, 2, 4, 6, 1, 3, 2, 5, 4], [4, 1, 6, 2, 3, 5, 2, 4, 1, 3]]  # 10 micro-batches a rank
@@ -53,3 +53,39 @@ def test_ddp_two_gloo_ranks_equal_oracle_and_sync_only_at_boundaries(tmp_path):
         # last window is all-reduced by hand on exit, outside the comm hook.
         assert a["allreduces"] == b["allreduces"] == 2, normalize
         assert a["steps"] == 3 and a["sync_flag"] is True
+
+
+def _branches_oracle(n: int) -> torch.nn.Module:
+    """Rank r's micro-batches through head r; each window one step on the mean over ranks."""
+    m = Branches()
+    opt = torch.optim.SGD(m.parameters(), lr=0.5, momentum=0.9)
+    per_rank = [rank_batches(r, [4] * 10) for r in (0, 1)]
+    for start in range(0, 10, n):
+        window = range(start, min(start + n, 10))
+        opt.zero_grad()
+        for r in (0, 1):
+            for i in window:
+                x, y = per_rank[r][i]
+                (torch.nn.functional.mse_loss(m(x, r), y) / (2 * len(window))).backward()
+        opt.step()
+    return m
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+def test_ddp_partial_window_with_parameters_unused_on_a_rank(tmp_path):
+    # find_unused_parameters=True, each rank through its own head: the partial last window's
+    # all-reduce by hand pairs every parameter with the same one on the other rank (before, it
+    # paired the present gradients in order: rank 0's head with rank 1's, the ranks drifting).
+    import torch.multiprocessing as mp
+
+    n = 4
+    mp.spawn(run, args=(2, _free_port(), str(tmp_path), SIZES, n), nprocs=2, join=True)
+    a, b = (torch.load(tmp_path / f"rank{r}.pt")["branches"]["params"] for r in (0, 1))
+    assert all(torch.equal(p, q) for p, q in zip(a, b))
+    oracle = _branches_oracle(n)
+    got = Branches()
+    with torch.no_grad():
+        for p, v in zip(got.parameters(), a):
+            p.copy_(v)
+    assert max_rel_err(got, oracle) < 1e-10

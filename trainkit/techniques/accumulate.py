@@ -224,7 +224,9 @@ class Accumulator:
                                  f"acc.add_items(k) once per micro-batch, e.g. "
                                  f"acc.add_items(y.numel())")
         self._prepared = True
-        world = dp.manual_allreduce(grads, self.model) if self._force and self._unsynced else None
+        world = dp.manual_allreduce(self.model) if self._force and self._unsynced else None
+        if world is not None:
+            grads = _grads(self.optimizer)  # a parameter another rank used has one now too
         if self.normalize == "items":
             divisor = total
         else:

@@ -155,17 +155,33 @@ def fsdp2_drop_held_back(model: Any) -> None:
                       RuntimeWarning, stacklevel=4)
 
 
-def manual_allreduce(grads: List[Any], model: Any) -> Optional[int]:
-    """All-reduce (average) the gradients of an unsynced partial window; None when not DDP."""
+def manual_allreduce(model: Any) -> Optional[int]:
+    """All-reduce (average) the gradients of an unsynced partial window; None when not DDP.
+
+    Every trainable parameter of the model, in the model's order, on every rank: a parameter
+    one rank did not use (``find_unused_parameters=True``, a branch taken by some ranks only) has
+    no gradient there, and a list of the present ones only would pair one rank's gradient with
+    another's. It takes part with zeros; one unused on every rank keeps no gradient, as DDP
+    leaves it. One small all-reduce says which were used anywhere.
+    """
     import torch
 
     if not is_ddp(model):
         return None
     world = dp_world(model)
-    for g in grads:
-        torch.distributed.all_reduce(g, group=model.process_group)
-    if grads:
-        torch._foreach_div_(grads, float(world))
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        return world
+    group = model.process_group
+    used = torch.tensor([0.0 if p.grad is None else 1.0 for p in params], device=params[0].device)
+    torch.distributed.all_reduce(used, group=group)
+    for p, anywhere in zip(params, used.tolist()):  # a sync, once per partial window
+        if not anywhere:
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        torch.distributed.all_reduce(p.grad, group=group)
+        p.grad.div_(float(world))
     return world
 
 
