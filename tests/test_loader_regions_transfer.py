@@ -443,6 +443,25 @@ def test_items_from_a_mapping_that_is_no_dict(tmp_path):
         assert v == pytest.approx({1: 6, 2: 2}[st] / (steps[st] / 1e3), rel=1e-4)
 
 
+def test_to_device_a_packed_sequence_and_a_list_subclass(tmp_path):
+    # A PackedSequence moves as its own .to() does (batch_sizes stay on the CPU: an RNN refuses
+    # them elsewhere); a list subclass keeps its type, as tuples and dicts do.
+    class Batch(list):
+        pass
+
+    seqs = [torch.ones(3, 2), torch.ones(2, 2)]
+    packed = torch.nn.utils.rnn.pack_sequence(seqs, enforce_sorted=False)
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        out = tk.to_device(Batch([packed, torch.zeros(4)]), "meta")
+        nbytes = [v for tag, _, v in list(s._buf) if tag == "\0h2d_bytes"]
+    assert type(out) is Batch
+    p = out[0]
+    assert isinstance(p, torch.nn.utils.rnn.PackedSequence)
+    assert p.data.device.type == "meta" and p.sorted_indices.device.type == "meta"
+    assert p.batch_sizes.device.type == "cpu" and torch.equal(p.batch_sizes, packed.batch_sizes)
+    assert nbytes == [5 * 2 * 4 + 2 * 8 + 2 * 8 + 4 * 4]  # data, both indices, the other tensor
+
+
 def test_to_device_same_device_is_free_and_records_nothing(tmp_path):
     x = torch.ones(3)
     with tk.session(logdir=tmp_path, system_metrics=False):
@@ -660,3 +679,14 @@ def test_an_optimizer_patched_inside_the_loop_takes_the_batch_in_progress(tmp_pa
     assert got["loss"] == [(1, 0.0), (2, 1.0), (3, 2.0), (4, 3.0)]
     assert [st for st, _ in got["trainkit/update_ms"]] == [1, 2, 3, 4]
     assert [st for st, _ in got["trainkit/step_time_ms"]] == [1, 2, 3, 4]
+
+
+@pytest.mark.cuda
+def test_to_device_counts_host_to_device_copies_only_on_gpu(tmp_path):
+    # "cuda" is the current device: a batch already there is no copy; device to host is no h2d.
+    x = torch.ones(256, device="cuda")
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        assert tk.to_device(x, "cuda") is x
+        back = tk.to_device(x, "cpu")
+        assert [tag for tag, _, _ in list(s._buf) if tag.startswith("trainkit/h2d")] == []
+    assert back.device.type == "cpu"

@@ -122,6 +122,24 @@ def test_a_forked_child_starts_a_session_of_its_own(tmp_path):
     assert scalars(tmp_path / "parent")["a"] == [(1, 2.0)]  # 1.0 and 3.0 in one step: the mean
 
 
+def test_ranks_started_seconds_apart_pick_one_default_logdir():
+    # Under torchrun every rank writes <logdir>/rank<N> of one logdir: without logdir=, the
+    # folder's time is the launcher's (here this process, the parent of both), not the rank's.
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", PYTHONPATH=REPO)
+    code = "from trainkit.session import _default_logdir; print(_default_logdir())"
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    time.sleep(1.1)
+    second = subprocess.run([sys.executable, "-c", code], env=dict(env, RANK="1"),
+                            capture_output=True, text=True)
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    assert first.stdout == second.stdout and first.stdout.startswith("runs" + os.sep)
+
+
 def test_logged_tensor_values_are_the_losses(tmp_path):
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -33,8 +33,18 @@ def active() -> Optional["Session"]:
 
 def _default_logdir() -> str:
     # The layout torch.utils.tensorboard.SummaryWriter uses, so runs sort by time.
-    stamp = datetime.datetime.now().strftime("%b%d_%H-%M-%S")
-    return os.path.join("runs", f"{stamp}_{socket.gethostname()}")
+    when = datetime.datetime.now()
+    if _env.rank() is not None:
+        # Under torchrun every rank must pick the same folder (its own rank<N> inside): the
+        # launcher's start time is one value for all the ranks of a machine, where each rank's
+        # own clock may cross a second between them.
+        try:
+            import psutil
+
+            when = datetime.datetime.fromtimestamp(psutil.Process(os.getppid()).create_time())
+        except Exception:  # no parent to ask (an orphan): the rank's own time
+            pass
+    return os.path.join("runs", f"{when.strftime('%b%d_%H-%M-%S')}_{socket.gethostname()}")
 
 
 def _check_logdir(logdir: Any) -> str:

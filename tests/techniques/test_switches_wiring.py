@@ -60,6 +60,8 @@ def test_num_workers_override_rebuilds_an_equivalent_loader():
     assert patched.batch_sampler is loader.batch_sampler  # drop_last lives in it
     # ...and the rebuilt loader reports the user's settings, not DataLoader's for a batch_sampler
     assert (patched.batch_size, patched.drop_last, len(patched)) == (3, True, 3)
+    # ...and its sampler is the user's (a DistributedSampler's set_epoch must reach it)
+    assert patched.sampler is loader.sampler
     assert tk.unpatch(patched) is loader  # the user's loader comes back, not the rebuilt one
     torch.manual_seed(0)
     got = [b[0].tolist() for b in patched]

@@ -11,8 +11,9 @@ are copied into persistent tensors with ``fill_`` (outside the graph: no guard s
 the tensors are put into ``param_groups`` for the call, and the Python values are put back
 afterwards: schedulers, ``state_dict`` and the user see exactly what they would without us.
 Compile time and recompiles are recorded (``trainkit/compile/seconds``,
-``trainkit/compile/recompiles``) apart from the step time, and a recompile after warm-up gets one
-warning naming the guard that failed.
+``trainkit/compile/recompiles``; the steps that compiled also count it in their step and update
+times, which are wall time), and a recompile after warm-up gets one warning naming the guard that
+failed.
 """
 from __future__ import annotations
 

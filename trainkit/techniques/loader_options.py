@@ -57,4 +57,7 @@ def rebuild(loader: Any) -> Any:
         # (DataLoader refuses to set these after __init__; its iterators read neither here.)
         object.__setattr__(new, "batch_size", loader.batch_size)
         object.__setattr__(new, "drop_last", loader.drop_last)
+        # ...and a default sampler: the user's (a DistributedSampler, whose set_epoch they call
+        # each epoch) is what the batch sampler draws from.
+        object.__setattr__(new, "sampler", loader.sampler)
     return new

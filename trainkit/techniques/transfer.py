@@ -37,20 +37,32 @@ def _move(obj: Any, device: Any, non_blocking: Optional[bool], acc: list) -> Any
     import torch
 
     if isinstance(obj, torch.Tensor):
-        if obj.device == device:
-            return obj
-        pinned = obj.device.type == "cpu" and obj.is_pinned()
+        here = obj.device
+        if here == device or (device.index is None and here.type == device.type):
+            return obj  # already there ("cuda" is resolved to the current device before)
+        pinned = here.type == "cpu" and obj.is_pinned()
         nb = pinned if non_blocking is None else non_blocking
-        nbytes = obj.numel() * obj.element_size()
-        acc[0] += nbytes
-        if pinned:
-            acc[1] += nbytes
+        if here.type == "cpu":  # host to device: what h2d_* measure (not device to host)
+            nbytes = obj.numel() * obj.element_size()
+            acc[0] += nbytes
+            if pinned:
+                acc[1] += nbytes
         return obj.to(device, non_blocking=nb)
+    if isinstance(obj, torch.nn.utils.rnn.PackedSequence):  # its batch_sizes stay on the CPU
+        return type(obj)(_move(obj.data, device, non_blocking, acc), obj.batch_sizes,
+                         _move(obj.sorted_indices, device, non_blocking, acc),
+                         _move(obj.unsorted_indices, device, non_blocking, acc))
     if isinstance(obj, tuple):
         moved = [_move(v, device, non_blocking, acc) for v in obj]
         return type(obj)(*moved) if hasattr(obj, "_fields") else type(obj)(moved)
     if isinstance(obj, list):
-        return [_move(v, device, non_blocking, acc) for v in obj]
+        moved = [_move(v, device, non_blocking, acc) for v in obj]
+        if type(obj) is list:
+            return moved
+        try:
+            return type(obj)(moved)  # a list subclass keeps its type
+        except Exception:  # one built otherwise: its items as a list
+            return moved
     if isinstance(obj, Mapping):  # dicts, and the like (a UserDict, e.g. a tokenizer's batch)
         moved = {k: _move(v, device, non_blocking, acc) for k, v in obj.items()}
         if type(obj) is dict:
@@ -71,7 +83,7 @@ def _move(obj: Any, device: Any, non_blocking: Optional[bool], acc: list) -> Any
 
 def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> Any:
     """Move every tensor in ``obj`` (nested tuples, namedtuples, lists, dicts and other
-    mappings, whose type is kept) to ``device``.
+    mappings, whose type is kept; a ``PackedSequence`` as its ``.to`` does) to ``device``.
 
     Records the bytes moved, the copy time (``trainkit/h2d_ms``; CUDA events on a GPU, since an
     asynchronous copy returns at once), the bandwidth (``trainkit/h2d_GBps``) and the pinned share.
@@ -87,6 +99,10 @@ def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> 
             x, y = tk.to_device((x, y), "cuda")
     """
     dev = _device(device)
+    if dev.type == "cuda" and dev.index is None and timing.cuda_in_use():
+        import torch
+
+        dev = torch.device("cuda", torch.cuda.current_device())  # what tensors on it report
     if non_blocking is not None and not isinstance(non_blocking, bool):
         raise TypeError(f"to_device(non_blocking={non_blocking!r}): must be True, False or None "
                         f"(None: asynchronous exactly when the source is pinned)")
