@@ -275,6 +275,24 @@ def test_an_optimizer_patched_again_or_replaced_in_a_session_goes_on_counting_st
     assert [st for st, _ in got["trainkit/step_time_ms"]] == list(range(1, 9))
 
 
+def test_a_new_optimizer_beside_the_old_one_still_patched_takes_over_at_its_second_step(tmp_path):
+    # The old one is alive and patched (a scheduler or a list still holds it), so it cannot be
+    # told from a GAN's first optimizer until the new one steps twice with no step of the old
+    # one between: from then on the new one counts (its first step joins the step before).
+    model = mlp()
+    batches = list(loader(n=32, batch_size=8))
+    old = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        train(model, old, tk.patch(batches), log=s.log)
+        new = tk.patch(torch.optim.Adam(model.parameters(), lr=1e-3))
+        train(model, new, tk.patch(batches), log=s.log)
+    assert s.step == 8
+    got = scalars(tmp_path)
+    assert [st for st, _ in got["loss"]] == list(range(1, 8))
+    assert [st for st, _ in got["trainkit/step_time_ms"]] == list(range(1, 8))
+    del old
+
+
 def test_a_custom_optimizers_positional_argument_that_is_no_closure_is_passed_on():
     class LossAware(torch.optim.SGD):
         def step(self, loss=None):  # e.g. an optimizer that adapts to the loss value

@@ -140,6 +140,63 @@ def test_ranks_started_seconds_apart_pick_one_default_logdir():
     assert first.stdout == second.stdout and first.stdout.startswith("runs" + os.sep)
 
 
+def test_values_another_thread_logs_while_the_session_closes_are_written_or_refused(tmp_path):
+    import threading
+
+    s = tk.session(logdir=tmp_path, system_metrics=False)
+    accepted, stop = [], threading.Event()
+
+    def log_forever():
+        i = 0
+        while not stop.is_set():
+            try:
+                s.log("x", float(i), step=i)
+            except RuntimeError:  # the session is closed: said, not dropped
+                return
+            accepted.append(i)
+            i += 1
+
+    t = threading.Thread(target=log_forever)
+    t.start()
+    time.sleep(0.05)
+    s.close()
+    stop.set()
+    t.join()
+    assert accepted and [st for st, _ in scalars(tmp_path)["x"]] == accepted
+
+
+class _Interrupting:
+    """A pending value whose reading, in the final write, meets a Ctrl-C."""
+
+    def ready(self):
+        return True
+
+    def value(self, wait):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGINT)
+        return 2.0
+
+    def release(self):
+        pass
+
+
+def test_a_ctrl_c_during_close_acts_once_everything_is_written(tmp_path):
+    import signal
+
+    s = tk.session(logdir=tmp_path, system_metrics=False, flush_secs=60)
+    for i in range(1, 101):
+        s.log("x", float(i), step=i)
+    s._buf.append(("y", 100, _Interrupting()))
+    with pytest.raises(KeyboardInterrupt):
+        s.close()  # the KeyboardInterrupt comes from here, after the close
+    assert [st for st, _ in scalars(tmp_path)["x"]] == list(range(1, 101))
+    assert scalars(tmp_path)["y"] == [(100, 2.0)]
+    assert s.closed and s._recorder.writer._file is None
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # trainkit's handler is gone
+
+
 def test_logged_tensor_values_are_the_losses(tmp_path):
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

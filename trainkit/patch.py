@@ -65,6 +65,8 @@ class OptimizerPatch:
         self._opt = weakref.ref(opt)
         #: the session this optimizer last stepped in (a weak reference), None before its first
         self.session: Any = None
+        #: that session's step count right after this optimizer's last step there
+        self.seen_step = 0
 
     def patched(self) -> bool:
         """Whether its optimizer is alive and still patched by this patch."""
@@ -103,6 +105,8 @@ class OptimizerPatch:
                     args = (lambda: loss,) + args[1:]
         if s is None:
             return self.core(*args, **kwargs)
+        # The session's step count at this optimizer's last step here (None: none here yet).
+        seen = self.seen_step if self.session is not None and self.session() is s else None
         if self.session is None or self.session() is not s:
             self.session = weakref.ref(s)
         closure_ms = [0.0]
@@ -123,9 +127,14 @@ class OptimizerPatch:
             out = self.core(*args, **kwargs)
         t1 = timing.now()
         first = s._primary
-        if first is None or (first is not self and not first.patched()):
-            s._primary = first = self  # the first to step, or the one after it was unpatched
+        if first is None or (first is not self and (seen == s.step or not first.patched())):
+            # The first to step makes the steps; another takes over once that one is unpatched,
+            # or once it steps twice here with no step of the first in between (a new
+            # optimizer for a second phase, while the old one is still alive).
+            s._primary = first = self
         primary = first is self
+        if not primary:
+            self.seen_step = s.step
         # A second optimizer (a GAN's) adds its update time to a step, and makes none. It steps
         # after the first one in an iteration: its time belongs to the step of the batch it
         # trained on (a patched loader's), else to the step the first optimizer just ended.
@@ -142,6 +151,7 @@ class OptimizerPatch:
             buf.append((CLOSURE_MS, step, closure_ms[0]))
         if primary:
             s.step_done(end)
+            self.seen_step = s.step
         return out
 
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:

@@ -165,7 +165,9 @@ class Recorder:
             buf, opened = self.buf, self._open
             pop = buf.popleft
             add: Any = {}.setdefault
-            for _ in range(len(buf)):
+            # The records there now; the final flush takes every one (the session's buffer is
+            # closed by then, but a thread may still be putting one it was about to put).
+            for _ in (iter(buf.__len__, 0) if final else range(len(buf))):
                 try:
                     rec = pop()
                 except IndexError:  # a signal handler's flush, run inside this one, took them
@@ -254,8 +256,13 @@ class Recorder:
                     _warn_lost(self.writer.path, exc, "the run's last records are lost")
                 try:
                     self.writer.close()
-                except Exception:
-                    self.writer._file = None  # closed as far as it can be
+                except Exception:  # closed as far as it can be
+                    f, self.writer._file = self.writer._file, None
+                    try:
+                        if f is not None:
+                            f.close()
+                    except Exception:
+                        pass
 
 
 _NUMBER = (int, float)

@@ -9,6 +9,7 @@ with the previous handler so that the exit status is the one the process would h
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import math
 import numbers
@@ -16,7 +17,7 @@ import os
 import signal
 import socket
 import threading
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 from . import _env, timing
 from ._logvalues import check_log_name, to_scalar
@@ -217,17 +218,23 @@ class Session:
         if _active is self:
             _active = None
         try:
-            self.end_batch_step(timing.now())  # a pass over a patched loader still under way
-            if self._profiler is not None:
-                self._profiler.close()
+            with _signals_held():  # a second Ctrl-C (or a SIGTERM) acts once all is written
+                try:
+                    self.end_batch_step(timing.now())  # a pass over a patched loader under way
+                    if self._profiler is not None:
+                        self._profiler.close()
+                finally:
+                    try:
+                        for undo in reversed(self._on_close):
+                            undo()
+                    finally:
+                        # From here s.log says the session is closed (another thread's too);
+                        # what was appended before is in the recorder's buffer, which its
+                        # close drains.
+                        self._buf = _ClosedBuffer(self)
+                        self._recorder.close()
         finally:
-            try:
-                for undo in reversed(self._on_close):
-                    undo()
-            finally:
-                self._recorder.close()
-                _release_signals()
-                self._buf = _ClosedBuffer(self)  # s.log after close says so: nothing is lost unsaid
+            _release_signals()
 
     def flush(self) -> None:
         """Write every completed step recorded so far, now (the writer does it every ``flush_secs``).
@@ -354,6 +361,30 @@ class _ClosedBuffer:
 
 
 _start_lock = threading.RLock()
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while a session closes, then let them act as they would have:
+    a second Ctrl-C during the final write would leave a half-closed session and lose the
+    records the write was for. Only the main thread can set handlers; elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: List[int] = []
+    saved = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            saved[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
+        except (ValueError, OSError):  # not settable here
+            pass
+    try:
+        yield
+    finally:
+        for sig, prev in saved.items():
+            signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+        for signum in dict.fromkeys(held):  # each once, in the order they came
+            signal.raise_signal(signum)
 
 
 def _check_none_active() -> None:

@@ -29,11 +29,14 @@ def install(session: Any) -> Callable[[], None]:
             started["t"] = now()
             return
         t0 = started.pop("t", None)
-        if t0 is None:
+        if t0 is None or session.closed:  # a collection in another thread, ending after close
             return
-        session.record(GC_MS, (now() - t0) * 1e3)
-        if info.get("generation") == 2:
-            session.record(GC_FULL, 1.0)
+        try:
+            session.record(GC_MS, (now() - t0) * 1e3)
+            if info.get("generation") == 2:
+                session.record(GC_FULL, 1.0)
+        except RuntimeError:  # closed meanwhile: nothing to record into
+            pass
 
     gc.callbacks.append(on_gc)
 
