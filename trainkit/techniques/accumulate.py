@@ -383,8 +383,8 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None, normalize: Normaliz
     starts clean); when the block exits with an exception that partial window is discarded (its
     gradients are set to None) and the exception propagates. ``optimizer.step(closure)`` works
     too: each call is a micro-batch, its closure run at once and its loss returned (LBFGS, which
-    re-evaluates its closure within a step, is refused). With ``model=`` (DDP, FSDP2) gradient sync runs only on a
-    window's last micro-batch (FSDP1 is left to sync at every one). Use ``amp.step`` (not
+    re-evaluates its closure within a step, is refused). With ``model=`` (DDP, FSDP2) gradient
+    sync runs only on a window's last micro-batch (FSDP1 is left to sync at every one). Use ``amp.step`` (not
     ``scaler.step``) for AMP inside the block. Clip with ``clip_grad_norm=``, not by hand: a
     ``clip_grad_norm_`` before ``optimizer.step()`` would clip each micro-batch's running,
     undivided sum (``trainkit lint`` reports it, TK105).
