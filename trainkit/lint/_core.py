@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Dict, FrozenSet, Iterator, List, Optional, Set, Tuple, Union
 
+from trainkit.lint._nodes import dotted, find_modulo, is_device_check, is_reciprocal, method_name, pos, receiver
+
 LoopNode = Union[ast.For, ast.AsyncFor, ast.While]
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -27,104 +29,6 @@ _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _MATCH_CASE: Tuple[type, ...] = (ast.match_case,) if hasattr(ast, "match_case") else ()
 # Bodies that run at another time than the loop iteration that contains them.
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
-
-
-# --------------------------------------------------------------------------- names
-
-
-def dotted(node: ast.AST) -> Optional[str]:
-    """Return ``"a.b.c"`` for a Name/Attribute chain, else ``None``."""
-    parts: List[str] = []
-    while isinstance(node, ast.Attribute):  # a loop, not recursion: chains can be thousands long
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))
-
-
-def method_name(call: ast.Call) -> Optional[str]:
-    """Return ``"step"`` for ``x.step(...)``; ``None`` for a plain function call."""
-    return call.func.attr if isinstance(call.func, ast.Attribute) else None
-
-
-def receiver(call: ast.Call) -> Optional[str]:
-    """Return the dotted receiver of a method call: ``"self.opt"`` for ``self.opt.step()``."""
-    return dotted(call.func.value) if isinstance(call.func, ast.Attribute) else None
-
-
-def has_modulo(test: ast.AST) -> bool:
-    """Whether an ``if`` test computes ``a % b`` (string formatting ``"%s" % x`` excluded)."""
-    return find_modulo(test) is not None
-
-
-def find_modulo(test: ast.AST) -> Optional[ast.BinOp]:
-    """Return the first ``a % b`` in ``test`` whose left side is not a string literal."""
-    for node in ast.walk(test):
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
-            if not (isinstance(node.left, ast.Constant) and isinstance(node.left.value, str)):
-                return node
-    return None
-
-
-_DEVICE_NAMES = ("cuda", "mps", "xpu")
-
-
-def is_device_check(test: ast.AST) -> bool:
-    """Whether an ``if`` test only asks which device there is.
-
-    ``torch.cuda.is_available()``, ``torch.backends.mps.is_available()``,
-    ``device.type == "cuda"``, ``args.device != "cpu"``, and ``and``/``or``/``not``
-    of those: on one machine the answer is the same on every iteration.
-    """
-    if isinstance(test, ast.BoolOp):
-        return all(is_device_check(v) for v in test.values)
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return is_device_check(test.operand)
-    if isinstance(test, ast.Call) and not test.args and not test.keywords:
-        name = dotted(test.func) or ""
-        parts = name.split(".")
-        return parts[-1] == "is_available" and any(p in _DEVICE_NAMES for p in parts[:-1])
-    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Eq, ast.NotEq)):
-        sides = [test.left, test.comparators[0]]
-        consts = [s for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, str)]
-        others = [s for s in sides if s not in consts]
-        if len(consts) != 1 or len(others) != 1:
-            return False
-        value = consts[0].value.split(":")[0].lower()
-        other = others[0]
-        if isinstance(other, ast.Call) and isinstance(other.func, ast.Name) and other.func.id == "str" and other.args:
-            other = other.args[0]
-        name = (dotted(other) or "").lower()
-        return value in _DEVICE_NAMES + ("cpu",) and "device" in name
-    return False
-
-
-def is_reciprocal(expr: ast.AST, names: FrozenSet[str] = frozenset()) -> bool:
-    """``1 / n``, ``1.0 / n``, a literal such as 0.25, or a name in ``names`` bound to one of those.
-
-    Multiplying by a reciprocal is a division.
-    """
-    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div):
-        return isinstance(expr.left, ast.Constant) and expr.left.value == 1
-    if isinstance(expr, ast.Constant):
-        return isinstance(expr.value, float) and 0 < expr.value < 1
-    return bool(names) and dotted(expr) in names
-
-
-def names_in(node: ast.AST) -> Iterator[str]:
-    """Yield every identifier and attribute name mentioned in ``node``."""
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Name):
-            yield sub.id
-        elif isinstance(sub, ast.Attribute):
-            yield sub.attr
-
-
-def pos(node: ast.AST) -> Tuple[int, int]:
-    """Source position used to order statements inside one loop iteration."""
-    return (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
 
 
 _OPTIMIZER_RE = re.compile(r"optim|(^|_)opt(_|$|\d)", re.IGNORECASE)

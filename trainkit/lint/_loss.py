@@ -10,7 +10,8 @@ from __future__ import annotations
 import ast
 from typing import FrozenSet, Iterator, Optional
 
-from trainkit.lint._core import TrainingLoop, dotted, is_reciprocal, method_name, pos
+from trainkit.lint._core import TrainingLoop
+from trainkit.lint._nodes import dotted, is_reciprocal, method_name, pos
 
 # Reductions that keep the loss "the same value" for name tracking: ``loss.mean().backward()``.
 _REDUCTIONS = frozenset({"mean", "sum", "squeeze"})

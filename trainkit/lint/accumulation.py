@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterator, Optional, Tuple
 
-from trainkit.lint._core import FileContext, TrainingLoop, dotted, method_name, pos, receiver
+from trainkit.lint._core import FileContext, TrainingLoop
+from trainkit.lint._nodes import dotted, method_name, pos, receiver
 from trainkit.lint._loss import (backward_operand, divisor, late_normalisation, loss_of, normalisations_before,
                                  normalised_before)
 from trainkit.lint._registry import Hit, rule

@@ -4,7 +4,8 @@ from __future__ import annotations
 import ast
 from typing import Iterator
 
-from trainkit.lint._core import FileContext, TrainingLoop, dotted, method_name, receiver
+from trainkit.lint._core import FileContext, TrainingLoop
+from trainkit.lint._nodes import dotted, method_name, receiver
 from trainkit.lint._loss import backward_operand
 from trainkit.lint._registry import Hit, rule
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import ast
 from typing import Dict, Iterator, List
 
-from trainkit.lint._core import FileContext, dotted, method_name
+from trainkit.lint._core import FileContext
+from trainkit.lint._nodes import dotted, method_name
 from trainkit.lint._registry import Hit, rule
 
 # Positional index of the argument in torch.utils.data.DataLoader's signature.

@@ -10,7 +10,8 @@ import ast
 import re
 from typing import Iterator, Optional, Set
 
-from trainkit.lint._core import FileContext, TrainingLoop, dotted, has_modulo, method_name, names_in
+from trainkit.lint._core import FileContext, TrainingLoop
+from trainkit.lint._nodes import dotted, has_modulo, method_name, names_in
 from trainkit.lint._loss import loss_of
 from trainkit.lint._registry import Hit, rule
 
