@@ -1,4 +1,5 @@
-"""``tk.patch`` / ``tk.unpatch`` for optimizers (in place) and data loaders (wrapped).
+"""``tk.patch`` / ``tk.unpatch`` for optimizers (in place) and data loaders (wrapped, by
+:mod:`trainkit.loader`).
 
 A patched ``optimizer.step`` is one pipeline, each technique a stage, all meeting here:
 
@@ -20,14 +21,13 @@ from __future__ import annotations
 import importlib
 import types
 import weakref
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from . import timing
 from ._text import brief
-from .recorder import BATCH_REC, CLOSURE_MS, STEP_REC, UPDATE_MS
+from .recorder import CLOSURE_MS, STEP_REC, UPDATE_MS
 from .profiling import regions
 from .profiling.regions import profiler_enabled, record_function
-from .techniques.transfer import ItemsCounter
 
 # The session module itself (``trainkit.session`` the attribute is the function ``tk.session``):
 # the hot paths read ``_S._active`` instead of calling ``active()``.
@@ -318,100 +318,6 @@ def _unpatch_optimizer(opt: Any) -> Any:
     return opt
 
 
-class PatchedLoader:
-    """An iterable that records data wait and items per batch; everything else is the source's.
-
-    Example::
-
-        loader = tk.patch(DataLoader(ds, batch_size=64))
-        len(loader); loader.dataset   # as on the DataLoader
-    """
-
-    def __init__(self, source: Any, original: Any = None) -> None:
-        self.source = source
-        #: what the user patched; ``source`` is an equivalent rebuilt loader when a technique
-        #: override (``num_workers``, ``pin_memory``) asked for other settings.
-        self.original = source if original is None else original
-
-    def __iter__(self) -> Iterator[Any]:
-        # Once per batch, between the user's torch calls: kept to one record and few lookups.
-        it = iter(self.source)
-        now = timing.now
-        regions.load_flags()
-        tap = regions._TAP
-        count = ItemsCounter()  # one per pass: it learns where this loader's items are
-        patched = _patched.data  # the WeakSet's own set: empty when no optimizer is patched
-        tensor = count.tensor
-        mine = 0  # the step of this pass's last batch (steps count from 1)
-        from torch import is_grad_enabled
-
-        while True:
-            t0 = now()
-            try:
-                if tap._is_profiler_enabled:  # the wait shows as a named range in traces
-                    with record_function("trainkit/data_wait"):
-                        batch = next(it)
-                else:
-                    batch = next(it)
-            except StopIteration:
-                s = _S._active
-                if s is not None:
-                    if s._batch_pending and mine == s.step:
-                        s.end_batch_step(t0)
-                    s._batch_step = None  # what comes after the loop: the step in progress
-                return
-            t1 = now()
-            s = _S._active
-            if s is not None:
-                if s._last_step_end is None:  # the first step's time starts with its data
-                    s._last_step_end = timing.cuda_event() if regions._TC._initialized else t0
-                    if patched:  # batches are steps when no optimizer here is going to step
-                        s._batches_are_steps = not is_grad_enabled() or stepped_elsewhere(s)
-                # Batches are steps: the step in progress ends as this wait began, if this pass
-                # already fed it; else this batch joins it (a loader zipped with another one).
-                if s._batch_pending and mine == s.step:
-                    s._batch_pending = False
-                    s.step_done(timing.cuda_event() if regions._TC._initialized else t0)
-                step = s._batch_step = mine = s.step
-                # The common batch, (tensor, ...), counted inline; anything else by its path.
-                if count.first and (batch.__class__ is tuple or batch.__class__ is list):
-                    first = batch[0] if batch else None
-                    n = first.shape[0] if first.__class__ is tensor and first.ndim else count(batch)
-                else:
-                    n = count(batch)
-                s._buf.append((BATCH_REC, step, t0, t1, n))
-                if not patched or s._batches_are_steps:
-                    s._batch_pending = True  # its step ends at the next wait, or the loop's end
-            try:
-                yield batch
-            except GeneratorExit:  # the loop was left early (break, an exception)
-                s = _S._active
-                if s is not None:
-                    if s._batch_pending and mine == s.step:
-                        s.end_batch_step(now())
-                    s._batch_step = None
-                raise
-
-    def __bool__(self) -> bool:
-        return bool(self.source)
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("source", "original"):  # not set yet (unpickling): no recursing in here
-            raise AttributeError(name)
-        return getattr(self.source, name)
-
-    def __repr__(self) -> str:
-        return f"trainkit.patch({self.source!r})"
-
-
-class SizedPatchedLoader(PatchedLoader):
-    """A :class:`PatchedLoader` of a source with ``len()`` (a source without has no ``__len__``
-    here either: ``len()``, ``bool()`` and ``collections.abc.Sized`` answer as on the source)."""
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-
 def patch(obj: Any, *, compile: bool = False) -> Any:
     """Instrument an optimizer (in place) or a data loader (returns a wrapping iterable).
 
@@ -426,6 +332,8 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
         loader = tk.patch(loader)
     """
     import torch
+
+    from .loader import PatchedLoader, SizedPatchedLoader
 
     if not isinstance(compile, bool):
         raise TypeError(f"patch(..., compile={compile!r}): compile must be True or False")
@@ -459,6 +367,8 @@ def unpatch(obj: Any) -> Any:
 
         tk.unpatch(optimizer); loader = tk.unpatch(loader)
     """
+    from .loader import PatchedLoader
+
     if isinstance(obj, PatchedLoader):
         return obj.original
     if hasattr(obj, "__dict__") and _ATTR in obj.__dict__:

@@ -4,22 +4,21 @@ Every technique records into the active session (``active()``); with none they s
 record nothing. A session flushes everything recorded on ``close()``, at the end of its ``with``
 block (also when an exception leaves it, which then propagates unchanged), at interpreter exit
 (which covers an uncaught KeyboardInterrupt), and on SIGTERM, after which the signal is re-raised
-with the previous handler so that the exit status is the one the process would have had.
+with the previous handler so that the exit status is the one the process would have had
+(:mod:`trainkit._signals`).
 """
 from __future__ import annotations
 
 import atexit
-import contextlib
 import datetime
 import math
 import numbers
 import os
-import signal
 import socket
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
-from . import _env, timing
+from . import _env, _signals, timing
 from ._logvalues import check_log_name, to_scalar
 from ._text import brief
 from .recorder import STEP_END, STEP_TIME, Recorder
@@ -218,7 +217,7 @@ class Session:
         if _active is self:
             _active = None
         try:
-            with _signals_held():  # a second Ctrl-C (or a SIGTERM) acts once all is written
+            with _signals.held():  # a second Ctrl-C (or a SIGTERM) acts once all is written
                 try:
                     self.end_batch_step(timing.now())  # a pass over a patched loader under way
                     if self._profiler is not None:
@@ -234,7 +233,7 @@ class Session:
                         self._buf = _ClosedBuffer(self)
                         self._recorder.close()
         finally:
-            _release_signals()
+            _signals.release()
 
     def flush(self) -> None:
         """Write every completed step recorded so far, now (the writer does it every ``flush_secs``).
@@ -343,8 +342,6 @@ def _check_profile(profile: Any) -> Any:
 
 
 # -- activation, exit and signals ------------------------------------------------------------------
-_prev_sigterm: Any = None
-_sigterm_installed = False
 _atexit_registered = False
 
 
@@ -363,30 +360,6 @@ class _ClosedBuffer:
 _start_lock = threading.RLock()
 
 
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM while a session closes, then let them act as they would have:
-    a second Ctrl-C during the final write would leave a half-closed session and lose the
-    records the write was for. Only the main thread can set handlers; elsewhere a no-op."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: List[int] = []
-    saved = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            saved[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
-        except (ValueError, OSError):  # not settable here
-            pass
-    try:
-        yield
-    finally:
-        for sig, prev in saved.items():
-            signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
-        for signum in dict.fromkeys(held):  # each once, in the order they came
-            signal.raise_signal(signum)
-
-
 def _check_none_active() -> None:
     if _active is not None and not _active.closed and _active._pid == os.getpid():
         raise RuntimeError(f"a trainkit session is already active ({_active!r}); close it first "
@@ -399,50 +372,13 @@ def _activate(s: Session) -> None:
     if not _atexit_registered:
         atexit.register(_close_active)
         _atexit_registered = True
-    _install_signals()
+    _signals.install()
 
 
 def _close_active() -> None:
     s = _active
     if s is not None:
         s.close()
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    prev = _prev_sigterm
-    if callable(prev) or prev == signal.SIG_IGN:
-        # The process may live on (a handler that sets a "stop after this epoch" flag, or one
-        # that ignores SIGTERM): write what is recorded, and keep recording.
-        s = _active
-        if s is not None:
-            s.flush()
-        if callable(prev):
-            prev(signum, frame)
-        return
-    # Default action: flush and close, then die by the signal, so that the parent sees the same
-    # exit status as without trainkit.
-    _close_active()
-    _release_signals()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _install_signals() -> None:
-    global _prev_sigterm, _sigterm_installed
-    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
-        return  # signal handlers can only be set from the main thread
-    _prev_sigterm = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    _sigterm_installed = True
-
-
-def _release_signals() -> None:
-    global _sigterm_installed
-    if not _sigterm_installed or threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
-        signal.signal(signal.SIGTERM, _prev_sigterm if _prev_sigterm is not None else signal.SIG_DFL)
-    _sigterm_installed = False
 
 
 def session(logdir: Optional[Union[str, "os.PathLike[str]"]] = None, *, profile: Any = None,
