@@ -600,3 +600,50 @@ def test_values_for_a_later_step_and_an_earlier_one_join_their_steps(tmp_path):
     assert got["y"] == [(k, 2.0) for k in range(1, 7)]
     assert got["ahead"] == [(k, 0.5) for k in range(2, 8)]
     assert got["late"] == [(2, 100.0)]
+
+
+def test_a_step_begun_at_a_cuda_event_and_ended_on_the_host_is_timed_from_its_host_time(tmp_path):
+    # CUDA in use before the first batch (pinned memory, a device query) while the optimizer's
+    # parameters are on the CPU: the step began at a CUDA event and ends at a host time. It is
+    # timed from the host time kept beside the event (before, float - Event raised in the step).
+    class RecordedEvent:  # stands in for the torch.cuda.Event a GPU session would hold here
+        pass
+
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        t0 = time.perf_counter()
+        s._last_step_end, s._last_step_host = RecordedEvent(), t0
+        s.step_done(t0 + 0.25)
+    assert scalars(tmp_path)["trainkit/step_time_ms"] == [(1, pytest.approx(250.0))]
+
+
+@pytest.mark.cuda
+def test_a_cuda_tensor_logged_is_the_value_at_log_time(tmp_path):
+    # Copied to the host as the step queues it: changed in place afterwards, it is still the
+    # value logged (before, the writer read the live tensor up to a flush later).
+    total = torch.zeros((), device="cuda")
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        total += 1.0
+        s.log("total", total)
+        total += 41.0
+    assert scalars(tmp_path)["total"] == [(1, 1.0)]
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_a_batch_step_holds_its_own_wait(tmp_path):
+    # Batches as steps with CUDA in use: a step ends as the next wait begins (its CUDA event is
+    # recorded before the wait, as the CPU path takes the host time), so each step's time holds
+    # its own batch's wait and body, the first one's included.
+    class Slow:
+        def __iter__(self):
+            for delay in (0.05, 0.005, 0.03):
+                time.sleep(delay)
+                yield torch.zeros(4, 2)
+
+    torch.zeros(1, device="cuda")
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        for _ in tk.patch(Slow()):
+            time.sleep(0.01)
+    got = scalars(tmp_path)
+    waits = [v for _, v in got["trainkit/data_wait_ms"]]
+    steps = [v for _, v in got["trainkit/step_time_ms"]]
+    assert len(steps) == 3 and all(st >= w + 10.0 - 1.0 for st, w in zip(steps, waits)), (steps, waits)

@@ -49,6 +49,12 @@ class PatchedLoader:
 
         while True:
             t0 = now()
+            ev0 = None
+            if regions._TC._initialized:  # on a GPU a step that ends here ends as the wait begins
+                s = _S._active
+                if s is not None and (s._last_step_end is None
+                                      or (s._batch_pending and mine == s.step)):
+                    ev0 = timing.cuda_event()
             try:
                 if tap._is_profiler_enabled:  # the wait shows as a named range in traces
                     with record_function("trainkit/data_wait"):
@@ -59,21 +65,27 @@ class PatchedLoader:
                 s = _S._active
                 if s is not None:
                     if s._batch_pending and mine == s.step:
-                        s.end_batch_step(t0)
+                        s.end_batch_step(t0, ev0)
                     s._batch_step = None  # what comes after the loop: the step in progress
                 return
             t1 = now()
             s = _S._active
             if s is not None:
                 if s._last_step_end is None:  # the first step's time starts with its data
-                    s._last_step_end = timing.cuda_event() if regions._TC._initialized else t0
+                    s._last_step_end = t0
+                    if regions._TC._initialized:
+                        s._last_step_end = ev0 if ev0 is not None else timing.cuda_event()
+                        s._last_step_host = t0  # for a step timed on the host (CPU parameters)
                     if patched:  # batches are steps when no optimizer here is going to step
                         s._batches_are_steps = not is_grad_enabled() or stepped_elsewhere(s)
                 # Batches are steps: the step in progress ends as this wait began, if this pass
                 # already fed it; else this batch joins it (a loader zipped with another one).
                 if s._batch_pending and mine == s.step:
                     s._batch_pending = False
-                    s.step_done(timing.cuda_event() if regions._TC._initialized else t0)
+                    if regions._TC._initialized:
+                        s.step_done(ev0 if ev0 is not None else timing.cuda_event())
+                    else:
+                        s.step_done(t0)
                 step = s._batch_step = mine = s.step
                 # The common batch, (tensor, ...), counted inline; anything else by its path.
                 if count.first and (batch.__class__ is tuple or batch.__class__ is list):

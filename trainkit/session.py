@@ -269,14 +269,17 @@ class Session:
     def _completed(self) -> int:
         return self.step - 1
 
-    def end_batch_step(self, end: float) -> None:
+    def end_batch_step(self, end: float, event: Any = None) -> None:
         """A pass over a patched loader whose batches are steps ended (or was left): its last
-        step ends at the host time ``end`` (a CUDA event instead once CUDA is in use), and what
-        is logged next goes under the step in progress, not under that batch's."""
+        step ends at the host time ``end`` (at ``event``, or a CUDA event recorded now, once CUDA
+        is in use), and what is logged next goes under the step in progress, not that batch's."""
         if self._batch_pending:
             self._batch_pending = False
             self._batch_step = None
-            self.step_done(timing.cuda_event() if timing.cuda_in_use() else end)
+            if timing.cuda_in_use():
+                self.step_done(event if event is not None else timing.cuda_event())
+            else:
+                self.step_done(end)
 
     def optimizer_steps_from_here(self) -> None:
         """A patched optimizer's step() is called in a session whose batches were its steps
@@ -293,6 +296,8 @@ class Session:
         last = self._last_step_end
         step = self.step
         if isinstance(end, float):
+            if last is not None and not isinstance(last, float):
+                last = self._last_step_host  # a CUDA event began it: its host time (CPU params)
             if last is not None:
                 self._buf.append((STEP_TIME, step, (end - last) * 1e3))
             host = end

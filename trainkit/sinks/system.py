@@ -47,8 +47,11 @@ class SystemSampler:
         rss = self._proc.memory_info().rss / 2**20
         out = {CPU_PERCENT: self.cpu_percent(), RSS_MB: rss}
         if timing.cuda_in_use():
-            torch = sys.modules["torch"]
-            out[PEAK_MB] = torch.cuda.max_memory_allocated() / 2**20
+            # Every device this process allocated on: this (the writer's) thread's current
+            # device is device 0, not the one the training thread set (a torchrun rank's).
+            cuda = sys.modules["torch"].cuda
+            peak = max(cuda.max_memory_allocated(i) for i in range(cuda.device_count()))
+            out[PEAK_MB] = peak / 2**20
         else:
             # ru_maxrss is in KiB on Linux (bytes on macOS).
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

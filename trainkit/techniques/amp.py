@@ -177,7 +177,9 @@ def _step_watched(scaler: Any, optimizer: Any) -> bool:
 def _pending_scale(scale: Any) -> Any:
     from .. import timing
 
-    return timing.PendingTensor(scale.detach().clone(), timing.cuda_event())
+    # A host copy, made as the step queues it: update() changes the scale in place later, and
+    # the writer reads host memory with no CUDA call of its own.
+    return timing.PendingTensor(scale.detach().to("cpu", non_blocking=True), timing.cuda_event())
 
 
 def _resolve_dtype(dtype: str, device_type: str, scaler: Any) -> Any:

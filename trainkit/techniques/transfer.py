@@ -125,7 +125,7 @@ def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> 
         s.record(H2D_BYTES, float(acc[0]))
         s.record(H2D_PINNED_BYTES, float(acc[1]))
     elif ev0 is not None:
-        timing._pool.append(ev0)
+        timing._give_back(ev0)
     return out
 
 
