@@ -37,11 +37,7 @@ def to_scalar(name: str, value: Any) -> Any:
             raise TypeError(f"log({name!r}, {value!r}): a complex tensor is no scalar TensorBoard "
                             f"can draw; log its real part or magnitude, e.g. s.log({name!r}, t.abs())")
         if value.is_cuda:
-            # Copied to the host (asynchronously, into pinned memory) as the step queues it: the
-            # value is the one logged, whatever changes the tensor in place later, and the writer
-            # reads host memory once the event has passed, with no CUDA call of its own.
-            host = value.detach().to("cpu", non_blocking=True)
-            return timing.PendingTensor(host, timing.cuda_event())
+            return timing.pending_copy(value)  # no sync here, nor in the writer
         # On the CPU this is a read, not a device sync; reading now (rather than keeping the
         # tensor) also frees the autograd graph the loss still holds.
         return value.item()

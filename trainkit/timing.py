@@ -129,3 +129,13 @@ class PendingTensor:
     def release(self) -> None:
         if self.event is not None:
             _give_back(self.event)
+
+
+def pending_copy(tensor: Any) -> PendingTensor:
+    """A one-element CUDA tensor's value as the step queues it, read later with no CUDA call.
+
+    Copied to the host asynchronously (into pinned memory), an event recorded after the copy:
+    the value is the one at this point, whatever changes the tensor in place later (a running
+    total, GradScaler's update()), and the writer reads host memory once the event has passed.
+    """
+    return PendingTensor(tensor.detach().to("cpu", non_blocking=True), cuda_event())

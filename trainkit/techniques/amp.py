@@ -29,7 +29,7 @@ from . import data_parallel as dp
 from .accumulate import check_clip
 from .divided import warn_if_divided
 from ..session import active as _active_session
-from .. import switches
+from .. import switches, timing
 from ..recorder import AMP_SCALE, AMP_SKIPPED
 
 
@@ -142,7 +142,7 @@ class Amp:
             scale = self.scaler._scale
             s._buf.append((AMP_SKIPPED, step, float(self.skipped)))
             s._buf.append((AMP_SCALE, step,
-                           _pending_scale(scale) if scale.is_cuda else float(scale.item())))
+                           timing.pending_copy(scale) if scale.is_cuda else float(scale.item())))
         return stepped
 
     def __repr__(self) -> str:
@@ -174,14 +174,6 @@ def _step_watched(scaler: Any, optimizer: Any) -> bool:
     return calls[0] > 0
 
 
-def _pending_scale(scale: Any) -> Any:
-    from .. import timing
-
-    # A host copy, made as the step queues it: update() changes the scale in place later, and
-    # the writer reads host memory with no CUDA call of its own.
-    return timing.PendingTensor(scale.detach().to("cpu", non_blocking=True), timing.cuda_event())
-
-
 def _resolve_dtype(dtype: str, device_type: str, scaler: Any) -> Any:
     import torch
 
@@ -201,8 +193,6 @@ def _check(scaler: Any, dtype: Any, device_type: Any) -> str:
         raise ValueError(f"autocast_scaled(dtype={dtype!r}): dtype must be one of "
                          f"{', '.join(map(repr, _DTYPES))}, e.g. autocast_scaled(scaler, dtype='bf16')")
     if device_type is None:
-        from .. import timing
-
         device_type = "cuda" if timing.cuda_in_use() else "cpu"
     if device_type not in ("cuda", "cpu"):
         raise ValueError(f"autocast_scaled(device_type={device_type!r}): device_type must be "
