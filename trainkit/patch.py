@@ -105,10 +105,11 @@ class OptimizerPatch:
                     args = (lambda: loss,) + args[1:]
         if s is None:
             return self.core(*args, **kwargs)
-        # The session's step count at this optimizer's last step here (None: none here yet).
-        seen = self.seen_step if self.session is not None and self.session() is s else None
-        if self.session is None or self.session() is not s:
+        here = self.session is not None and self.session() is s
+        if not here:
             self.session = weakref.ref(s)
+        # The session's step count at this optimizer's last step here (None: none here yet).
+        seen = self.seen_step if here else None
         closure_ms = [0.0]
         closure = _closure_of(args, kwargs)
         if closure is not None:
