@@ -5,6 +5,7 @@ of a name and every other kind of value do.
 """
 from __future__ import annotations
 
+import decimal
 import math
 import numbers
 from typing import Any
@@ -43,6 +44,10 @@ def to_scalar(name: str, value: Any) -> Any:
         return value.item()
     if isinstance(value, numbers.Real):
         return _real(name, value)
+    if isinstance(value, decimal.Decimal):  # a numbers.Number, yet no numbers.Real
+        # float() reads NaN and +-inf as float's own, and past float's range gives +-inf as
+        # _real does; a signaling NaN, which float() refuses, is a NaN all the same.
+        return math.nan if value.is_snan() else float(value)
     size = getattr(value, "size", None)  # a numpy scalar (np.bool_ too) or array, and the like
     if isinstance(size, int) and callable(getattr(value, "item", None)):
         if size != 1:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 from collections.abc import Mapping
-from typing import Any, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..session import active as _active_session
 from .. import timing
@@ -34,12 +35,26 @@ def _device(device: Any) -> Any:
 
 
 def _move(obj: Any, device: Any, non_blocking: Optional[bool], acc: list) -> Any:
+    """``obj`` with its tensors on ``device``; ``acc`` adds up [bytes from the host, pinned ones].
+
+    A tensor met twice (``(x, x)``, one tensor under two keys) is copied once and the copy reused:
+    the result keeps the aliasing and its bytes count once. Only the same object is reused, by
+    identity; two views of one storage are two tensors, as they would be to ``.to()``.
+    """
+    return _walk(obj, device, non_blocking, acc, {})
+
+
+def _walk(obj: Any, device: Any, non_blocking: Optional[bool], acc: list,
+          moved: Dict[int, Tuple[Any, Any]]) -> Any:
     import torch
 
     if isinstance(obj, torch.Tensor):
         here = obj.device
         if here == device or (device.index is None and here.type == device.type):
             return obj  # already there ("cuda" is resolved to the current device before)
+        seen = moved.get(id(obj))
+        if seen is not None:  # the source is kept beside its copy: its id is not reused meanwhile
+            return seen[1]
         pinned = here.type == "cpu" and obj.is_pinned()
         nb = pinned if non_blocking is None else non_blocking
         if here.type == "cpu":  # host to device: what h2d_* measure (not device to host)
@@ -47,38 +62,70 @@ def _move(obj: Any, device: Any, non_blocking: Optional[bool], acc: list) -> Any
             acc[0] += nbytes
             if pinned:
                 acc[1] += nbytes
-        return obj.to(device, non_blocking=nb)
+        out = obj.to(device, non_blocking=nb)
+        moved[id(obj)] = (obj, out)
+        return out
     if isinstance(obj, torch.nn.utils.rnn.PackedSequence):  # its batch_sizes stay on the CPU
-        return type(obj)(_move(obj.data, device, non_blocking, acc), obj.batch_sizes,
-                         _move(obj.sorted_indices, device, non_blocking, acc),
-                         _move(obj.unsorted_indices, device, non_blocking, acc))
+        return type(obj)(_walk(obj.data, device, non_blocking, acc, moved), obj.batch_sizes,
+                         _walk(obj.sorted_indices, device, non_blocking, acc, moved),
+                         _walk(obj.unsorted_indices, device, non_blocking, acc, moved))
     if isinstance(obj, tuple):
-        moved = [_move(v, device, non_blocking, acc) for v in obj]
-        return type(obj)(*moved) if hasattr(obj, "_fields") else type(obj)(moved)
+        items = [_walk(v, device, non_blocking, acc, moved) for v in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
     if isinstance(obj, list):
-        moved = [_move(v, device, non_blocking, acc) for v in obj]
+        items = [_walk(v, device, non_blocking, acc, moved) for v in obj]
         if type(obj) is list:
-            return moved
+            return items
         try:
-            return type(obj)(moved)  # a list subclass keeps its type
+            return type(obj)(items)  # a list subclass keeps its type
         except Exception:  # one built otherwise: its items as a list
-            return moved
+            return items
     if isinstance(obj, Mapping):  # dicts, and the like (a UserDict, e.g. a tokenizer's batch)
-        moved = {k: _move(v, device, non_blocking, acc) for k, v in obj.items()}
+        values = {k: _walk(v, device, non_blocking, acc, moved) for k, v in obj.items()}
         if type(obj) is dict:
-            return moved
+            return values
         try:
             if isinstance(obj, (dict, collections.UserDict)):
                 # A copy keeps the type and what it carries (a defaultdict's factory, attributes);
                 # its items are its own (a UserDict copies its data).
                 out = copy.copy(obj)
-                for k, v in moved.items():
+                for k, v in values.items():
                     out[k] = v
                 return out
-            return type(obj)(moved)  # a copy of any other mapping may share its storage
+            return type(obj)(values)  # a copy of any other mapping may share its storage
         except Exception:  # an immutable, or otherwise built, mapping: its items as a dict
-            return moved
+            return values
+    cls = type(obj)
+    # A dataclass instance (not a dataclass itself, whose type is type); one with a .to() of its
+    # own is left as it is, as any other object with one: what it moves is its business.
+    if hasattr(cls, "__dataclass_fields__") and not callable(getattr(cls, "to", None)):
+        return _walk_dataclass(obj, device, non_blocking, acc, moved)
     return obj  # ints, strings, None...: left as they are
+
+
+def _walk_dataclass(obj: Any, device: Any, non_blocking: Optional[bool], acc: list,
+                    moved: Dict[int, Tuple[Any, Any]]) -> Any:
+    """A shallow copy of the dataclass ``obj`` with its fields moved, or ``obj`` if none changed.
+
+    A copy, not ``dataclasses.replace``: that would run ``__init__`` and ``__post_init__`` again
+    and cannot set fields with ``init=False``; the copy keeps those and any other attribute, and
+    ``object.__setattr__`` sets the fields of a frozen dataclass too.
+    """
+    values = {}
+    for field in dataclasses.fields(obj):
+        try:
+            value = getattr(obj, field.name)
+        except AttributeError:  # an init=False field without a default, never set
+            continue
+        out = _walk(value, device, non_blocking, acc, moved)
+        if out is not value:
+            values[field.name] = out
+    if not values:
+        return obj
+    copied = copy.copy(obj)
+    for name, value in values.items():
+        object.__setattr__(copied, name, value)
+    return copied
 
 
 def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> Any:
@@ -130,11 +177,14 @@ def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> 
 
 
 class ItemsCounter:
-    """``counter(batch)``: the items in a batch (the first dimension of its first tensor) or None.
+    """``counter(batch)``: the items in a batch (the first dimension of its first tensor that has
+    one; 1 for a batch of 0-d tensors only) or None for a batch without tensors.
 
+    A 0-d tensor (a step index, a scalar target) is no count of items, so it is passed over.
     Batches of one loader share a structure, so after the first one the count is an index or two
     and a type check, not a walk. ``first`` tells that the tensor is ``batch[0]`` of a tuple or
-    list batch, which the patched loader then reads inline (this runs once per batch).
+    list batch, with a dimension, which the patched loader then reads inline (this runs once
+    per batch).
     """
 
     __slots__ = ("tensor", "path", "first")
@@ -154,28 +204,41 @@ class ItemsCounter:
                     node = node[key]
             except (KeyError, IndexError, TypeError):
                 node = None
-            if isinstance(node, self.tensor):
-                return int(node.shape[0]) if node.dim() > 0 else 1
-        found = _find_tensor(batch, [])
+            if isinstance(node, self.tensor) and node.dim() > 0:
+                return int(node.shape[0])
+        found = _find_tensor(batch)
         if found is None:
             return None
-        self.path = found
-        self.first = found == [0] and isinstance(batch, (tuple, list))
-        return self(batch)
+        self.path, tensor = found
+        if tensor.dim() == 0:  # only 0-d tensors: walked again next time, a batch may differ
+            self.first = False
+            return 1
+        self.first = self.path == [0] and isinstance(batch, (tuple, list))
+        return int(tensor.shape[0])
 
 
-def _find_tensor(obj: Any, path: List[Any]) -> Optional[List[Any]]:
+def _find_tensor(batch: Any) -> Optional[Tuple[List[Any], Any]]:
+    """The path to, and the tensor of, the first tensor in ``batch`` with a dimension, else of
+    its first 0-d tensor; None when it holds no tensor."""
+    zero_d = None
+    for path, tensor in _tensors(batch, []):
+        if tensor.dim() > 0:
+            return path, tensor
+        if zero_d is None:
+            zero_d = path, tensor
+    return zero_d
+
+
+def _tensors(obj: Any, path: List[Any]) -> Iterator[Tuple[List[Any], Any]]:
     import torch
 
     if isinstance(obj, torch.Tensor):
-        return path
+        yield path, obj
+        return
     items: Any = ()
     if isinstance(obj, (tuple, list)):
         items = enumerate(obj)
     elif isinstance(obj, Mapping):
         items = obj.items()
     for key, value in items:
-        found = _find_tensor(value, path + [key])
-        if found is not None:
-            return found
-    return None
+        yield from _tensors(value, path + [key])
