@@ -62,6 +62,8 @@ class OptimizerPatch:
         #: undoes what the ``fused`` technique changed (trainkit.techniques.fused), if anything.
         self.undo_fused: Optional[Callable[[], None]] = None
         self._cuda: Optional[bool] = None
+        #: the CUDA device index of its parameters (where its step's events go), once known
+        self._device: Optional[int] = None
         self._opt = weakref.ref(opt)
         #: the session this optimizer last stepped in (a weak reference), None before its first
         self.session: Any = None
@@ -80,6 +82,8 @@ class OptimizerPatch:
         opt = self._opt()
         params = [p for g in opt.param_groups for p in g["params"]] if opt is not None else []
         self._cuda = bool(params) and params[0].is_cuda and timing.cuda_in_use()
+        if self._cuda:
+            self._device = params[0].get_device()
         return self._cuda
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
@@ -119,7 +123,8 @@ class OptimizerPatch:
             else:
                 args = (timed,) + args[1:]
         gpu = self.cuda()
-        ev0 = timing.cuda_event() if gpu and closure is None else None
+        device = self._device
+        ev0 = timing.cuda_event(device) if gpu and closure is None else None
         t0 = timing.now()
         if profiler_enabled():  # name the step in traces; the unprofiled path stays bare
             with record_function("trainkit/optimizer_step"):
@@ -142,11 +147,14 @@ class OptimizerPatch:
         step = s.step if primary else (s._batch_step if s._batch_step is not None
                                        else max(s.step - 1, 1))
         buf = s._buf
+        if gpu and primary:
+            s._cuda_device = device  # the steps' device: the loader's and regions' events go there
         if ev0 is not None:
-            end: Any = timing.cuda_event()
-            buf.append((UPDATE_MS, step, timing.PendingInterval(ev0, end)))
+            end: Any = timing.cuda_event(device)
+            # a step's end is the next step's start: that step's interval gives it back
+            buf.append((UPDATE_MS, step, timing.PendingInterval(ev0, end, release_end=not primary)))
         else:
-            end = timing.cuda_event() if gpu and primary else t1
+            end = timing.cuda_event(device) if gpu and primary else t1
             buf.append((UPDATE_MS, step, (t1 - t0) * 1e3 - closure_ms[0]))
         if closure is not None:
             buf.append((CLOSURE_MS, step, closure_ms[0]))

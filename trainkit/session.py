@@ -139,6 +139,9 @@ class Session:
         self._last_step_end: Any = None  # perf_counter float, or a CUDA event on a GPU
         #: host time (perf_counter) of the last step's end, for regions where it is a CUDA event
         self._last_step_host: Optional[float] = None
+        #: the CUDA device the steps run on (the primary optimizer's parameters'), once known:
+        #: where the loader's and the regions' events go. None: the current device.
+        self._cuda_device: Optional[int] = None
         self._closed = False
         self._on_close: List[Callable[[], None]] = []
         #: technique -> value in force, as read by tk.technique during this session.
@@ -276,10 +279,12 @@ class Session:
         if self._batch_pending:
             self._batch_pending = False
             self._batch_step = None
-            if timing.cuda_in_use():
-                self.step_done(event if event is not None else timing.cuda_event())
-            else:
-                self.step_done(end)
+            if event is None and timing.cuda_in_use():
+                try:
+                    event = timing.cuda_event(self._cuda_device)
+                except RuntimeError:  # a CUDA error that sticks (the user's failing step): the
+                    pass  # step ends on the host clock, and the user's error is the one raised
+            self.step_done(end if event is None else event)
 
     def optimizer_steps_from_here(self) -> None:
         """A patched optimizer's step() is called in a session whose batches were its steps
@@ -302,9 +307,17 @@ class Session:
                 self._buf.append((STEP_TIME, step, (end - last) * 1e3))
             host = end
         else:
-            if last is not None and not isinstance(last, float):
-                self._buf.append((STEP_TIME, step, timing.PendingInterval(last, end, release_start=False)))
             host = timing.now()  # the host time of a step that ends at a CUDA event
+            if last is not None and not isinstance(last, float) \
+                    and timing.event_device(last) != timing.event_device(end):
+                # Begun on another device (the first step's data wait, before the steps' device
+                # was known): timed on the host, as events of two devices cannot be compared.
+                last = self._last_step_host
+            if isinstance(last, float):
+                self._buf.append((STEP_TIME, step, (host - last) * 1e3))
+            elif last is not None:  # the next step's interval starts at `end`, and gives it back
+                self._buf.append((STEP_TIME, step, timing.PendingInterval(last, end,
+                                                                         release_end=False)))
         self._buf.append((STEP_END, step, host))
         self._last_step_end = end
         self._last_step_host = host

@@ -19,22 +19,21 @@ now: Callable[[], float] = time.perf_counter
 #: device: an event belongs to the device it was first recorded on, and recording it on another
 #: device's stream raises.
 _pools: Dict[int, List[Any]] = {}
+# torch's calls, bound at the first event (tests of the GPU logic on a CPU put stand-ins here):
+# the current device's index, a new timing event, and a device's current stream.
 _current_device: Optional[Callable[[], int]] = None
+_new_event: Optional[Callable[[], Any]] = None
+_stream_of: Optional[Callable[[int], Any]] = None
 
 
-def _event() -> Any:
-    global _current_device
-    if _current_device is None:
-        import torch
-
-        # torch's C call (~0.1 us) where it has one, else the public one (~1 us)
-        _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
-    pool = _pools.get(_current_device())
-    if pool:
-        return pool.pop()
+def _bind() -> None:
+    global _current_device, _new_event, _stream_of
     import torch
 
-    return torch.cuda.Event(enable_timing=True)
+    # torch's C call (~0.1 us) where it has one, else the public one (~1 us)
+    _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+    _new_event = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+    _stream_of = torch.cuda.current_stream
 
 
 def _give_back(ev: Any) -> None:
@@ -44,11 +43,36 @@ def _give_back(ev: Any) -> None:
         _pools.setdefault(device.index, []).append(ev)
 
 
-def cuda_event() -> Any:
-    """Record a timing CUDA event on the current stream and return it."""
-    ev = _event()
-    ev.record()
+def cuda_event(device: Optional[int] = None) -> Any:
+    """Record a timing CUDA event on the current stream of ``device`` (an index; None: the
+    current device) and return it.
+
+    The device is the one the timed work runs on: a model on ``cuda:1``, or each torchrun rank's
+    own GPU, while the current device is still 0 (no ``torch.cuda.set_device``). Recorded on the
+    current device instead, the event would time device 0's idle stream (and create a CUDA
+    context there from every rank).
+    """
+    if _current_device is None:
+        _bind()
+    here = _current_device()  # type: ignore[misc]
+    if device is None:
+        device = here
+    pool = _pools.get(device)
+    try:
+        ev = pool.pop() if pool else _new_event()  # type: ignore[misc]
+    except IndexError:  # another thread took the last one
+        ev = _new_event()  # type: ignore[misc]
+    if device == here:
+        ev.record()
+    else:
+        ev.record(_stream_of(device))  # type: ignore[misc]
     return ev
+
+
+def event_device(ev: Any) -> Optional[int]:
+    """The index of the device a recorded event belongs to."""
+    device = getattr(ev, "device", None)
+    return None if device is None else device.index
 
 
 _cuda_module: Any = None
@@ -82,14 +106,14 @@ class PendingInterval:
         if iv.ready(): print(iv.value())
     """
 
-    __slots__ = ("start", "end", "release_start")
+    __slots__ = ("start", "end", "release_end")
 
-    def __init__(self, start: Any, end: Any, *, release_start: bool = True) -> None:
+    def __init__(self, start: Any, end: Any, *, release_end: bool = True) -> None:
         self.start = start
         self.end = end
-        # A step-time interval shares its start event with the previous interval's end, so only
-        # one of the two may hand that event back to the pool.
-        self.release_start = release_start
+        # A step's end event is also where the next step's time starts: the interval that reads
+        # it as its start hands it back (steps are read in order), not this one.
+        self.release_end = release_end
 
     def ready(self) -> bool:
         return bool(self.end.query())
@@ -102,8 +126,9 @@ class PendingInterval:
         return ms
 
     def release(self) -> None:
-        if self.release_start:
-            _give_back(self.start)
+        _give_back(self.start)
+        if self.release_end:
+            _give_back(self.end)
 
 
 class PendingTensor:
@@ -138,4 +163,5 @@ def pending_copy(tensor: Any) -> PendingTensor:
     the value is the one at this point, whatever changes the tensor in place later (a running
     total, GradScaler's update()), and the writer reads host memory once the event has passed.
     """
-    return PendingTensor(tensor.detach().to("cpu", non_blocking=True), cuda_event())
+    # The copy is queued on the tensor's device's stream, and so is its event.
+    return PendingTensor(tensor.detach().to("cpu", non_blocking=True), cuda_event(tensor.get_device()))

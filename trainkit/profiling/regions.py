@@ -121,7 +121,9 @@ class _Region:
 
             rf = torch.profiler.record_function(self.name)
             rf.__enter__()
-        ev0 = timing.cuda_event() if _TC._initialized and _S._active is not None else None
+        s = _S._active
+        # on the steps' device (the current one until the first step says which)
+        ev0 = timing.cuda_event(s._cuda_device) if _TC._initialized and s is not None else None
         self._starts.append((timing.now(), ev0, rf))
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
@@ -141,9 +143,9 @@ class _Region:
             return
         t0, ev0, rf = start
         if s is not None:
-            if ev0 is not None:
-                s._buf.append((self.tag, _step_of(s, t0),
-                               timing.PendingInterval(ev0, timing.cuda_event())))
+            if ev0 is not None:  # ended on the device it began on, whatever came in between
+                s._buf.append((self.tag, _step_of(s, t0), timing.PendingInterval(
+                    ev0, timing.cuda_event(timing.event_device(ev0)))))
             else:
                 s._buf.append((self.tag, _step_of(s, t0), (t1 - t0) * 1e3))
         if rf is not None:

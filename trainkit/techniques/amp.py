@@ -6,7 +6,8 @@ already reads its found-inf flag on the host before it decides to call ``optimiz
 ``amp.step`` only watches, with a step post-hook held for the duration of the call, whether the
 optimizer really stepped. Optimizers that take the scaling into their own kernel
 (``_step_supports_amp_scaling``: fused Adam/AdamW/SGD) are always called, so for them the
-found-inf flag is read with ``.item()`` — one sync per real step on CUDA, the price of the bool
+found-inf flags are added up and read with ``.item()`` — one sync per real step on CUDA (however
+many devices the parameters are on), the price of the bool
 ``amp.step`` returns. The scale is recorded as a copy of the scale tensor (resolved by the writer
 thread, never read in the step) on CUDA, as a float on the CPU.
 
@@ -153,8 +154,10 @@ class Amp:
 def _step_watched(scaler: Any, optimizer: Any) -> bool:
     """``scaler.step(optimizer)``; True when the optimizer really stepped (no extra sync)."""
     if getattr(optimizer, "_step_supports_amp_scaling", False):
-        found = scaler._found_inf_per_device(optimizer)
-        if sum(float(v.item()) for v in found.values()):  # see the module docstring
+        flags = list(scaler._found_inf_per_device(optimizer).values())
+        # One read (see the module docstring): the devices' flags added up on the first one.
+        bad = sum((f.to(flags[0].device) for f in flags[1:]), flags[0]) if flags else None
+        if bad is not None and bad.item():
             # Skipped: not called at all, as GradScaler does for other optimizers. Called, its
             # kernel would skip the update itself, but the call would count as a real step (the
             # session's, an accumulate block's), and update() needs only the flags read here.

@@ -130,7 +130,8 @@ def _walk_dataclass(obj: Any, device: Any, non_blocking: Optional[bool], acc: li
 
 def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> Any:
     """Move every tensor in ``obj`` (nested tuples, namedtuples, lists, dicts and other
-    mappings, whose type is kept; a ``PackedSequence`` as its ``.to`` does) to ``device``.
+    mappings, and dataclasses, whose type is kept; a ``PackedSequence`` as its ``.to`` does) to
+    ``device``. A tensor found twice is copied once, and both places get that copy.
 
     Records the bytes moved, the copy time (``trainkit/h2d_ms``; CUDA events on a GPU, since an
     asynchronous copy returns at once), the bandwidth (``trainkit/h2d_GBps``) and the pinned share.
@@ -146,18 +147,23 @@ def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> 
             x, y = tk.to_device((x, y), "cuda")
     """
     dev = _device(device)
-    if dev.type == "cuda" and dev.index is None and timing.cuda_in_use():
-        import torch
-
-        dev = torch.device("cuda", torch.cuda.current_device())  # what tensors on it report
     if non_blocking is not None and not isinstance(non_blocking, bool):
         raise TypeError(f"to_device(non_blocking={non_blocking!r}): must be True, False or None "
                         f"(None: asynchronous exactly when the source is pinned)")
+    if dev.type == "cuda":
+        import torch
+
+        if not timing.cuda_in_use():
+            # The first copy to a GPU starts CUDA (seconds): done before the copy is timed, so
+            # that it times the copy, with CUDA events, and not the start-up on the host clock.
+            torch.cuda.init()
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())  # what tensors on it report
     s = _active_session()
     if s is None:
         return _move(obj, dev, non_blocking, [0, 0])
     gpu = timing.cuda_in_use() and dev.type == "cuda"
-    ev0 = timing.cuda_event() if gpu else None
+    ev0 = timing.cuda_event(dev.index) if gpu else None  # the copies run on its stream
     t0 = timing.now()
     acc = [0, 0]
     if profiler_enabled():  # the copies show as a named range in traces
@@ -166,7 +172,7 @@ def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> 
     else:
         out = _move(obj, dev, non_blocking, acc)
     if acc[0]:
-        elapsed: Any = (timing.PendingInterval(ev0, timing.cuda_event()) if gpu
+        elapsed: Any = (timing.PendingInterval(ev0, timing.cuda_event(dev.index)) if gpu
                         else (timing.now() - t0) * 1e3)
         s.record(H2D_MS, elapsed)
         s.record(H2D_BYTES, float(acc[0]))

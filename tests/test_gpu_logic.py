@@ -1,0 +1,190 @@
+"""The GPU code paths' logic, run on the CPU: which device's stream each CUDA event goes on, which
+events go back to the pool, and what happens when events of two devices meet.
+
+No GPU here, so torch's three CUDA calls that trainkit's timing binds (the current device, a new
+event, a device's current stream) are stand-ins that keep what a real event would: the device it
+belongs to (recording it on another device's stream raises, as CUDA does), and when it was
+recorded. Everything else (session, patched optimizer and loader, regions, the writer thread,
+event files read back) is the real thing. The same paths on a real GPU: tests marked ``cuda``.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+
+import pytest
+import torch
+
+import trainkit as tk
+from trainkit import timing
+from trainkit.profiling import regions
+
+from .helpers import mlp
+from .conftest import scalars
+
+
+class Stream:
+    def __init__(self, device: int) -> None:
+        self.device = torch.device("cuda", device)
+
+
+class FakeCuda:
+    """Stand-ins for torch's CUDA calls, with a current device that tests set."""
+
+    def __init__(self) -> None:
+        self.current = 0
+        self.created = 0
+        self.recorded = []  # the device index of every record() call, in order
+        self.fail = False  # a CUDA error that sticks: every record() raises
+
+    def event(self) -> "Event":
+        self.created += 1
+        return Event(self)
+
+
+class Event:
+    def __init__(self, cuda: FakeCuda) -> None:
+        self._cuda = cuda
+        self.device = None  # a new event belongs to no device until first recorded
+        self.t = None
+
+    def record(self, stream: Stream = None) -> None:
+        if self._cuda.fail:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        index = self._cuda.current if stream is None else stream.device.index
+        if self.device is not None and self.device.index != index:
+            raise RuntimeError(f"Event device {self.device.index} does not match recording "
+                               f"stream's device {index}")
+        self.device = torch.device("cuda", index)
+        self.t = time.perf_counter()
+        self._cuda.recorded.append(index)
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: "Event") -> float:
+        if end.device != self.device:
+            raise RuntimeError("Both events must be recorded on the same device")
+        return (end.t - self.t) * 1e3
+
+
+@pytest.fixture
+def cuda(monkeypatch):
+    fake = FakeCuda()
+    monkeypatch.setattr(timing, "_current_device", lambda: fake.current)
+    monkeypatch.setattr(timing, "_new_event", fake.event)
+    monkeypatch.setattr(timing, "_stream_of", Stream)
+    monkeypatch.setattr(timing, "_pools", {})
+    # "This process has initialised CUDA", as the hot paths read it (torch.cuda's own flag).
+    regions.load_flags()
+    monkeypatch.setattr(torch.cuda, "_initialized", True)
+    return fake
+
+
+def on_device(opt, index: int) -> None:
+    """Have the patch take ``opt``'s parameters for parameters on ``cuda:<index>``."""
+    p = opt.__dict__["_trainkit_patch"]
+    p._cuda, p._device = True, index
+
+
+def train(model, opt, loader, steps_log=None) -> None:
+    for x, y in loader:
+        with tk.profile_region("forward"):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        with tk.profile_region("backward"):
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def batches(n: int = 12):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g))
+            for _ in range(n)]
+
+
+def test_events_go_on_the_stream_of_the_device_the_steps_run_on(tmp_path, cuda):
+    # The model on cuda:1 while the current device stays 0 (no torch.cuda.set_device, as with
+    # model.to(local_rank) under torchrun): the step's, the loader's and the regions' events go
+    # on device 1's stream once the first step says where the steps run; before, every event
+    # went on device 0 and timed its idle stream.
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no value dropped (two devices' events compared)
+        with tk.session(logdir=tmp_path, system_metrics=False) as s:
+            tk.patch(opt)
+            on_device(opt, 1)
+            train(model, opt, tk.patch(batches()))
+            assert s._cuda_device == 1
+    # Only the first step's data wait and regions, before its optimizer step, are on device 0.
+    first_step_end = cuda.recorded.index(1)
+    assert set(cuda.recorded[first_step_end:]) == {1}, cuda.recorded
+    assert 0 < first_step_end <= 5
+    got = scalars(tmp_path)
+    steps = [k for k, _ in got["trainkit/step_time_ms"]]
+    assert steps == list(range(1, 13))  # the first, begun on device 0, timed on the host
+    assert all(v > 0 for _, v in got["trainkit/step_time_ms"])
+    assert [k for k, _ in got["trainkit/region/forward_ms"]] == list(range(1, 13))
+    assert [k for k, _ in got["trainkit/update_ms"]] == list(range(1, 13))
+
+
+def test_finished_events_go_back_to_the_pool(tmp_path, cuda):
+    # Regions' and steps' events, once read by the writer, are recorded again: a long run
+    # creates a few dozen events, not several per step (before, every end event was new).
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with tk.session(logdir=tmp_path, system_metrics=False, log_every=5) as s:
+        tk.patch(opt)
+        on_device(opt, 0)
+        for _ in range(10):
+            train(model, opt, tk.patch(batches(20)))
+            s.flush()
+    recorded = len(cuda.recorded)
+    assert recorded >= 200 * 6  # per step: the wait's, 2 regions x 2, the update's 2
+    assert cuda.created < 100, (cuda.created, recorded)
+    got = scalars(tmp_path)
+    assert [k for k, _ in got["trainkit/step_time_ms"]] == list(range(1, 201))
+    assert [k for k, _ in got["trainkit/update_ms"]] == list(range(1, 201))
+
+
+def test_an_event_is_never_in_use_twice(tmp_path, cuda):
+    # Each event handed out is recorded once, then read, then given back, before it is handed
+    # out again: an event given back twice would be recorded by two intervals at once.
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    given = []
+    real = timing._give_back
+    with tk.session(logdir=tmp_path, system_metrics=False, log_every=3) as s:
+        tk.patch(opt)
+        on_device(opt, 0)
+        timing._give_back = lambda ev: (given.append(id(ev)), real(ev))
+        try:
+            for _ in range(5):
+                train(model, opt, tk.patch(batches(10)))
+                s.flush()
+                pooled = [id(ev) for ev in timing._pools.get(0, [])]
+                assert len(pooled) == len(set(pooled))
+        finally:
+            timing._give_back = real
+
+
+def test_a_sticky_cuda_error_leaves_the_users_exception_as_it_is(tmp_path, cuda):
+    # An evaluation (batches are steps) whose step fails with a CUDA error that sticks: ending
+    # the last step (as the loop is left, or at close) records no event (it would raise again,
+    # out of the generator's close or over the user's error), it ends on the host clock; the
+    # user's own exception propagates unchanged, and every step is written, the failed one too.
+    class Failed(Exception):
+        pass
+
+    with pytest.raises(Failed):
+        with torch.no_grad(), tk.session(logdir=tmp_path, system_metrics=False):
+            for i, (x, _) in enumerate(tk.patch(batches(6))):
+                if i == 4:
+                    cuda.fail = True
+                    raise Failed("the user's own error")
+    got = scalars(tmp_path)
+    assert [k for k, _ in got["trainkit/step_time_ms"]] == [1, 2, 3, 4, 5]
