@@ -92,7 +92,7 @@ class Recorder:
 
     def __init__(self, logdir: str, *, flush_secs: float,
                  completed: Callable[[], int],
-                 sample: Optional[Callable[[], Dict[str, float]]] = None,
+                 sample: Optional[Callable[[bool], Dict[str, float]]] = None,
                  sample_secs: float = 1.0) -> None:
         self.buf: Deque[Any] = collections.deque()
         #: Steps completed so far (the session counts them); later ones may still be recording.
@@ -211,7 +211,7 @@ class Recorder:
             self._write_steps(completed, final)
             if self._sample is not None and (final or timing.now() >= self._next_sample):
                 self._next_sample = timing.now() + self._sample_secs
-                self.writer.write_scalars(step=self.completed(), values=self._sample())
+                self.writer.write_scalars(step=self.completed(), values=self._sample(final))
             self.writer.flush()
 
     def _write_steps(self, completed: int, final: bool) -> None:

@@ -118,7 +118,7 @@ class Session:
         if system_metrics:
             from .sinks.system import SystemSampler
 
-            sampler = SystemSampler()
+            sampler = SystemSampler(self._completed)
         self.step = 1  # the step in progress; records are filed under it
         self._recorder = Recorder(self.logdir, flush_secs=flush_secs,
                                   completed=self._completed, sample=sampler)
