@@ -45,6 +45,7 @@ class PatchedLoader:
         patched = _patched.data  # the WeakSet's own set: empty when no optimizer is patched
         tensor = count.tensor
         mine = 0  # the step of this pass's last batch (steps count from 1)
+        n = None  # the items of this pass's last batch
         from torch import is_grad_enabled
 
         while True:
@@ -105,6 +106,12 @@ class PatchedLoader:
                 if s is not None:
                     if s._batch_pending and mine == s.step:
                         s.end_batch_step(now())
+                    elif mine == s.step and n:
+                        # Training, and no step since this batch: it was not trained on (a break
+                        # at the top of the loop, the unpaired batch of zip(long, short)). Its
+                        # items leave the step in progress, which the next pass's batch feeds;
+                        # its wait stays, as that step's wall time holds it.
+                        s._buf.append((BATCH_REC, mine, 0.0, 0.0, -n))
                     s._batch_step = None
                 raise
 
