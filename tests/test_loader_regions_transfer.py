@@ -724,3 +724,39 @@ def test_to_device_counts_host_to_device_copies_only_on_gpu(tmp_path):
         back = tk.to_device(x, "cpu")
         assert [tag for tag, _, _ in list(s._buf) if tag.startswith("trainkit/h2d")] == []
     assert back.device.type == "cpu"
+
+
+def test_a_region_inside_compiled_code_leaves_the_graph_whole(tmp_path):
+    # A region in a compiled model's forward: torch.compile traced into it and broke the graph
+    # in two on every call (with a warning about type()). Inside a traced graph a region is now
+    # nothing; the same region outside compiled code still records.
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 3)
+
+        def forward(self, x):
+            with tk.profile_region("inside"):
+                h = self.a(x).relu()
+            return self.b(h)
+
+    torch.manual_seed(0)
+    net = Net()
+    compiled = torch.compile(net, backend="eager")
+    x = torch.randn(4, 8)
+    expected = net(x)  # eager, before the session
+    torch._dynamo.reset()
+    counters.clear()
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        for _ in range(3):
+            out = compiled(x)
+            torch.testing.assert_close(out, expected)
+        with tk.profile_region("outside"):
+            time.sleep(0.001)
+    assert dict(counters["graph_break"]) == {}
+    got = scalars(tmp_path)
+    assert "trainkit/region/inside_ms" not in got
+    assert [st for st, _ in got["trainkit/region/outside_ms"]] == [1]

@@ -6,6 +6,7 @@ name, made once, whose fast path is an append on entry and one on exit (a genera
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import re
@@ -57,15 +58,26 @@ _TAP: Any = types.SimpleNamespace(_is_profiler_enabled=False)
 _TC: Any = types.SimpleNamespace(_initialized=False)
 
 
+def _compiling_first() -> bool:
+    load_flags()  # binds _compiling
+    return _compiling()
+
+
+#: ``torch.compiler.is_compiling``: True while torch.compile traces (a constant to it), so a
+#: region inside compiled code is left out of the graph rather than breaking it.
+_compiling: Callable[[], bool] = _compiling_first
+
+
 def load_flags() -> None:
     """Point ``_TAP`` and ``_TC`` at torch's modules (imports torch; cheap after the first call)."""
-    global _TAP, _TC
+    global _TAP, _TC, _compiling
     if type(_TC) is types.ModuleType:
         return
     import torch
     import torch.autograd.profiler as tap
 
     _TAP = tap if hasattr(tap, "_is_profiler_enabled") else _ProfilerShim()
+    _compiling = getattr(torch.compiler, "is_compiling", bool)  # torch 2.2 has none: bool() is False
     _TC = torch.cuda
 
 
@@ -203,6 +215,7 @@ def _fast_region(name: str) -> _Region:
 
 
 _regions: Dict[str, _Region] = {}  # name -> its fast region, made once
+_NOTHING = contextlib.nullcontext()  # what a region is inside a graph torch.compile traces
 
 
 def profile_region(name: str) -> _Region:
@@ -222,7 +235,13 @@ def profile_region(name: str) -> _Region:
 
         @tk.profile_region("eval")
         def evaluate(model): ...
+
+    Inside code that ``torch.compile`` traces (a compiled model's ``forward``), a region records
+    nothing and costs the graph nothing (timing it would break the graph in two, on every call):
+    time the compiled call from outside instead.
     """
+    if _compiling():
+        return _NOTHING  # type: ignore[return-value]
     try:
         r = _regions.get(name)
     except TypeError:  # unhashable: check_name says what a name must be
