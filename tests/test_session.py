@@ -647,3 +647,35 @@ def test_on_a_gpu_a_batch_step_holds_its_own_wait(tmp_path):
     waits = [v for _, v in got["trainkit/data_wait_ms"]]
     steps = [v for _, v in got["trainkit/step_time_ms"]]
     assert len(steps) == 3 and all(st >= w + 10.0 - 1.0 for st, w in zip(steps, waits)), (steps, waits)
+
+
+def test_log_inside_code_torch_compile_traces_records_each_value(tmp_path):
+    # An auxiliary loss logged in a compiled model's forward: traced, s.log's appends to the
+    # buffer the writer thread empties failed dynamo's guards ("Guard failed on the same frame
+    # it was created") and the training crashed. It now runs outside the graph, as print()
+    # would, and every value is written under its step.
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(8, 3)
+
+        def forward(self, x):
+            h = self.a(x)
+            tk.active().log("aux", h.pow(2).mean())
+            return h
+
+    torch.manual_seed(0)
+    net = Net()
+    compiled = torch.compile(net, backend="eager")
+    opt = tk.patch(torch.optim.SGD(net.parameters(), lr=0.1))
+    xs = [torch.randn(4, 8) for _ in range(4)]
+    with torch.no_grad():
+        first = net.a(xs[0]).pow(2).mean().item()  # the first step's, before any update
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        for x in xs:
+            compiled(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    got = scalars(tmp_path)["aux"]
+    assert [st for st, _ in got] == [1, 2, 3, 4]
+    assert got[0][1] == pytest.approx(first, rel=1e-6)

@@ -171,12 +171,15 @@ class Session:
         no patched loader or after its loop, under the step in progress.
         Tensors are not read here: a CPU tensor is read at once (no device to wait for), a CUDA
         tensor once the GPU has passed it, by the writer thread. Several values logged within one
-        step (the micro-batches of an accumulation window) are averaged.
+        step (the micro-batches of an accumulation window) are averaged. In code that
+        ``torch.compile`` traces, it runs outside the graph (a graph break, as ``print``).
 
         Example::
 
             s.log("loss", loss)
         """
+        if _compiling():  # called in code torch.compile traces (a compiled model's forward)
+            return _outside_graph()(self, name, value, step=step)
         if step is None and value.__class__ is _Tensor and name.__class__ is str \
                 and name in self._names and (not _cuda._initialized or not value.is_cuda):
             # The common call, s.log("loss", loss) on the CPU: reading the value is a memory read,
@@ -337,12 +340,33 @@ _cuda: Any = None  # torch.cuda: log() reads its _initialized (no CUDA tensor ca
 
 
 def _tensor_type() -> Any:
-    global _Tensor, _cuda
+    global _Tensor, _cuda, _compiling
     if _Tensor is None:
         import torch
 
         _Tensor, _cuda = torch.Tensor, torch.cuda
+        # s.log in code torch.compile traces runs outside the graph, as print() would (a graph
+        # break): traced, its appends to the buffer the writer thread empties broke dynamo's
+        # guards ("Guard failed on the same frame it was created"), and reading a value needs
+        # the real tensor anyway.
+        _compiling = getattr(torch.compiler, "is_compiling", bool)  # a constant to dynamo
     return _Tensor
+
+
+#: ``torch.compiler.is_compiling``, bound with the tensor type (no session exists before).
+_compiling: Callable[[], bool] = bool
+_log_outside_graph: Any = None
+
+
+def _outside_graph() -> Any:
+    """``Session.log`` under ``torch.compiler.disable``: made at its first use, as torch.compile
+    traces (making it imports torch._dynamo, ~1 s, which a run that compiles has done already)."""
+    global _log_outside_graph
+    if _log_outside_graph is None:
+        import torch
+
+        _log_outside_graph = torch.compiler.disable(Session.log)
+    return _log_outside_graph
 
 
 def _check_profile(profile: Any) -> Any:
