@@ -349,13 +349,20 @@ def _tensor_type() -> Any:
         # break): traced, its appends to the buffer the writer thread empties broke dynamo's
         # guards ("Guard failed on the same frame it was created"), and reading a value needs
         # the real tensor anyway.
-        _compiling = getattr(torch.compiler, "is_compiling", bool)  # a constant to dynamo
+        _compiling = _is_compiling_function(torch)
     return _Tensor
 
 
 #: ``torch.compiler.is_compiling``, bound with the tensor type (no session exists before).
 _compiling: Callable[[], bool] = bool
 _log_outside_graph: Any = None
+
+
+def _is_compiling_function(torch: Any) -> Callable[[], bool]:
+    """torch's "is dynamo tracing this" function, which dynamo takes for the constant True; the
+    cheapest one this torch has (``is_dynamo_compiling``: ~25 ns, ``is_compiling``: ~75 ns)."""
+    return (getattr(torch.compiler, "is_dynamo_compiling", None)
+            or getattr(torch.compiler, "is_compiling", None) or bool)
 
 
 def _outside_graph() -> Any:
