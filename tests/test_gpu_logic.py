@@ -219,3 +219,29 @@ def test_peak_memory_keeps_one_meaning_when_cuda_starts_after_the_session(tmp_pa
         s.flush()
     got = scalars(tmp_path)
     assert got[PEAK_MB] and {v for _, v in got[PEAK_MB]} == {123.0}, got[PEAK_MB]
+
+
+def test_a_sticky_cuda_error_inside_a_region_leaves_the_users_exception_as_it_is(tmp_path, cuda):
+    # The user's step fails inside a region with a CUDA error that sticks: the region's end
+    # records no event (it would raise again, out of the region's exit, over the user's
+    # error); it is timed on the host, and the user's own exception propagates unchanged.
+    class Failed(Exception):
+        pass
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(Failed):
+        with tk.session(logdir=tmp_path, system_metrics=False):
+            tk.patch(opt)
+            on_device(opt, 0)
+            for i, (x, y) in enumerate(tk.patch(batches(6))):
+                with tk.profile_region("forward"):
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                    if i == 2:
+                        cuda.fail = True
+                        raise Failed("the user's own error")
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+    got = scalars(tmp_path)
+    assert [k for k, _ in got["trainkit/region/forward_ms"]] == [1, 2, 3]

@@ -154,14 +154,23 @@ class _Region:
                 s._buf.append((self.tag, n, (t1 - start) * 1e3))
             return
         t0, ev0, rf = start
-        if s is not None:
-            if ev0 is not None:  # ended on the device it began on, whatever came in between
-                s._buf.append((self.tag, _step_of(s, t0), timing.PendingInterval(
-                    ev0, timing.cuda_event(timing.event_device(ev0)))))
-            else:
-                s._buf.append((self.tag, _step_of(s, t0), (t1 - t0) * 1e3))
-        if rf is not None:
-            rf.__exit__(et, ev, tb)
+        try:
+            if s is not None:
+                value: Any = (t1 - t0) * 1e3
+                if ev0 is not None:  # ended on the device it began on, whatever came in between
+                    try:
+                        value = timing.PendingInterval(
+                            ev0, timing.cuda_event(timing.event_device(ev0)))
+                    except RuntimeError:
+                        if et is None:
+                            raise
+                        # A CUDA error that sticks, raised in the block (the user's failing
+                        # step): the region is timed on the host, and the user's error is the
+                        # one raised, not the same error again out of this exit.
+                s._buf.append((self.tag, _step_of(s, t0), value))
+        finally:
+            if rf is not None:  # the trace's range is closed whatever happened
+                rf.__exit__(et, ev, tb)
 
     def __call__(self, fn: F) -> F:
         if not callable(fn):
