@@ -144,7 +144,7 @@ def test_finished_events_go_back_to_the_pool(tmp_path, cuda):
             train(model, opt, tk.patch(batches(20)))
             s.flush()
     recorded = len(cuda.recorded)
-    assert recorded >= 200 * 6  # per step: the wait's, 2 regions x 2, the update's 2
+    assert recorded >= 200 * 6  # per step: 2 regions x 2, the update's 2 (the wait's: the first only)
     # At most a pass's events (20 steps x 6) are in flight at once: each pass ends with a flush
     # that reads them all. Without the ends given back, at least 3 a step are new (600).
     assert cuda.created < 200, (cuda.created, recorded)
@@ -245,3 +245,69 @@ def test_a_sticky_cuda_error_inside_a_region_leaves_the_users_exception_as_it_is
                 opt.zero_grad()
     got = scalars(tmp_path)
     assert [k for k, _ in got["trainkit/region/forward_ms"]] == [1, 2, 3]
+
+
+
+def test_each_event_is_given_back_once_and_never_touched_after(tmp_path, cuda, monkeypatch):
+    # Stricter than the pool check above: an event given back is never handed out again here,
+    # so any use after its release (recorded, queried, read) by an interval not read yet, or as
+    # the session's last step end, shows; and so does a second give-back. Covered: shared ends
+    # (a step's update and step time; the next step's time starts there), a GAN's second
+    # optimizer on another device, closures, an evaluation then training, takeovers between
+    # optimizers, and writes that stop at a step the GPU has not passed yet.
+    errors, late = [], set()
+    monkeypatch.setattr(Event, "released", False, raising=False)
+    for name in ("record", "query", "synchronize", "elapsed_time"):
+        def checked(self, *args, _real=getattr(Event, name), _name=name):
+            if self.released or any(getattr(a, "released", False) for a in args):
+                errors.append(f"{_name} on an event given back")
+            if _name == "query":
+                return id(self) not in late
+            return _real(self, *args)
+        monkeypatch.setattr(Event, name, checked)
+
+    def give_back(ev):
+        if ev.released:
+            errors.append("an event given back twice")
+        ev.released = True
+
+    monkeypatch.setattr(timing, "_give_back", give_back)
+
+    def event():  # every third event is not passed until told: the writer stops there
+        ev = cuda.event()
+        if cuda.created % 3 == 0:
+            late.add(id(ev))
+        return ev
+
+    monkeypatch.setattr(timing, "_new_event", event)
+
+    def loop(opts, closure=False, n=7):
+        for x, y in tk.patch(batches(n)):
+            with tk.profile_region("forward"):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            if opts:
+                loss.backward()
+            for opt in opts:
+                if closure:
+                    opt.step(lambda: loss)
+                else:
+                    opt.step()
+                opt.zero_grad()
+
+    model = mlp()
+    g, d, h = (torch.optim.SGD(model.parameters(), lr=0.1) for _ in range(3))
+    with tk.session(logdir=tmp_path, system_metrics=False, log_every=2, flush_secs=0.01) as s:
+        with torch.no_grad():  # an evaluation first: batches are steps
+            loop([])
+        for opt, device in ((g, 1), (d, 0), (h, 1)):
+            tk.patch(opt)
+            on_device(opt, device)
+        for _ in range(2):
+            loop([g, d])  # d: a GAN's second optimizer, on another device
+            s.flush()
+            loop([g], closure=True)
+        late.clear()
+        loop([h])  # h takes the steps over (it steps twice with none of g's between)
+        loop([g], n=3)  # and g takes them back
+    assert not errors, errors[:3]
+    assert len(scalars(tmp_path)["trainkit/step_time_ms"]) > 40

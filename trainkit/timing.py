@@ -1,10 +1,11 @@
 """Host and CUDA-event timers whose results are resolved lazily, off the hot path.
 
 On a GPU, work is queued asynchronously: the host clock says when work was *launched*, not when it
-ran. A :class:`PendingInterval` holds two CUDA events recorded on the current stream; the session's
-writer thread asks ``ready()`` (``cudaEventQuery``, never a synchronize) and reads the elapsed time
-only once the GPU has passed the second event. Nothing here ever synchronizes the device in the
-training step.
+ran. A :class:`PendingInterval` holds two CUDA events recorded on the current stream of the device
+the timed work runs on (:func:`cuda_event`); the session's writer thread asks ``ready()``
+(``cudaEventQuery``, never a synchronize) and reads the elapsed time only once the GPU has passed
+the second event; read, the events go back to a pool (a step's end once the next step's time,
+which starts there, is read). Nothing here ever synchronizes the device in the training step.
 """
 from __future__ import annotations
 
