@@ -63,8 +63,8 @@ def _compiling_first() -> bool:
     return _compiling()
 
 
-#: ``torch.compiler.is_compiling``: True while torch.compile traces (a constant to it), so a
-#: region inside compiled code is left out of the graph rather than breaking it.
+#: ``torch.compiler.is_dynamo_compiling``: True while torch.compile traces (a constant to it),
+#: so a region inside compiled code is left out of the graph rather than breaking it.
 _compiling: Callable[[], bool] = _compiling_first
 
 
@@ -77,7 +77,7 @@ def load_flags() -> None:
     import torch.autograd.profiler as tap
 
     _TAP = tap if hasattr(tap, "_is_profiler_enabled") else _ProfilerShim()
-    _compiling = getattr(torch.compiler, "is_compiling", bool)  # torch 2.2 has none: bool() is False
+    _compiling = _S._is_compiling_function(torch)
     _TC = torch.cuda
 
 
