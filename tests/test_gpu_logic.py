@@ -311,3 +311,41 @@ def test_each_event_is_given_back_once_and_never_touched_after(tmp_path, cuda, m
         loop([g], n=3)  # and g takes them back
     assert not errors, errors[:3]
     assert len(scalars(tmp_path)["trainkit/step_time_ms"]) > 40
+
+
+def test_a_sticky_cuda_error_stops_neither_the_writer_nor_the_steps_it_writes(tmp_path, cuda,
+                                                                             monkeypatch):
+    # The writer looks at the steps while the user's step fails with a CUDA error that sticks:
+    # asked whether an event has passed, CUDA answers with that error. The values it cannot read
+    # are left out (a warning names the error), the rest of every step is written. Before, the
+    # error ended the writer thread ("writing the run failed ... free some space"), and nothing
+    # more was written, at close neither.
+    class Failed(Exception):
+        pass
+
+    real_query = Event.query
+
+    def query(self):
+        if cuda.fail:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real_query(self)
+
+    monkeypatch.setattr(Event, "query", query)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(Failed):
+            with tk.session(logdir=tmp_path, system_metrics=False, flush_secs=0.02) as s:
+                tk.patch(opt)
+                on_device(opt, 0)
+                for i, (x, y) in enumerate(tk.patch(batches(6))):
+                    torch.nn.functional.cross_entropy(model(x), y).backward()
+                    if i == 4:
+                        cuda.fail = True
+                        time.sleep(0.3)  # the writer wakes meanwhile, steps 1-4 not all written
+                        raise Failed("the user's own error")
+                    opt.step()
+                    opt.zero_grad()
+    assert s._recorder.failed is None, s._recorder.failed
+    assert [k for k, _ in scalars(tmp_path)["trainkit/data_wait_ms"]] == [1, 2, 3, 4, 5]

@@ -286,8 +286,12 @@ def _combine_step(tags: Dict[str, Any], final: bool) -> Optional[Dict[str, float
         for values in tags.values():  # before all of the step's are ready
             if values.__class__ is not float:
                 for v in (values if values.__class__ is list else (values,)):
-                    if not isinstance(v, _NUMBER) and not v.ready():
-                        return None
+                    if not isinstance(v, _NUMBER):
+                        try:
+                            if not v.ready():
+                                return None
+                        except Exception:  # a CUDA error that sticks (the user's failing step):
+                            pass  # its read below fails too, and leaves this value out, said once
     out: Dict[str, float] = {}
     for tag, values in tags.items():
         if values.__class__ is float:
