@@ -275,21 +275,33 @@ def test_an_optimizer_patched_again_or_replaced_in_a_session_goes_on_counting_st
     assert [st for st, _ in got["trainkit/step_time_ms"]] == list(range(1, 9))
 
 
-def test_a_new_optimizer_beside_the_old_one_still_patched_takes_over_at_its_second_step(tmp_path):
-    # The old one is alive and patched (a scheduler or a list still holds it), so it cannot be
-    # told from a GAN's first optimizer until the new one steps twice with no step of the old
-    # one between: from then on the new one counts (its first step joins the step before).
+@pytest.mark.parametrize("patched_loader", [True, False])
+def test_a_new_optimizer_beside_the_old_one_still_patched_takes_over(tmp_path, patched_loader):
+    # The old one is alive and patched (a scheduler or a list still holds it). With a patched
+    # loader, the new one steps on a batch the old one did not step on: it takes over at its
+    # first step (before, at its second: its first step joined the step before, one step of
+    # two batches). Without one, it cannot be told from a GAN's second optimizer until it steps
+    # twice with no step of the old one between: from then on it counts (its first step joins
+    # the step before).
     model = mlp()
     batches = list(loader(n=32, batch_size=8))
+    wrap = tk.patch if patched_loader else list
     old = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
     with tk.session(logdir=tmp_path, system_metrics=False) as s:
-        train(model, old, tk.patch(batches), log=s.log)
+        train(model, old, wrap(batches), log=s.log)
         new = tk.patch(torch.optim.Adam(model.parameters(), lr=1e-3))
-        train(model, new, tk.patch(batches), log=s.log)
-    assert s.step == 8
+        train(model, new, wrap(batches), log=s.log)
+    steps = 8 if patched_loader else 7
+    assert s.step == steps + 1
     got = scalars(tmp_path)
-    assert [st for st, _ in got["loss"]] == list(range(1, 8))
-    assert [st for st, _ in got["trainkit/step_time_ms"]] == list(range(1, 8))
+    assert [st for st, _ in got["trainkit/update_ms"]] == list(range(1, steps + 1))
+    # (without a patched loader the first step's start is unknown: no time for it)
+    first = 1 if patched_loader else 2
+    assert [st for st, _ in got["trainkit/step_time_ms"]] == list(range(first, steps + 1))
+    if patched_loader:
+        assert [st for st, _ in got["loss"]] == list(range(1, 9))
+        for (_, sps), (_, ms) in zip(got["trainkit/samples_per_s"], got["trainkit/step_time_ms"]):
+            assert sps == pytest.approx(8 / (ms / 1e3), rel=1e-4)  # one batch a step
     del old
 
 

@@ -133,10 +133,13 @@ class OptimizerPatch:
             out = self.core(*args, **kwargs)
         t1 = timing.now()
         first = s._primary
-        if first is None or (first is not self and (seen == s.step or not first.patched())):
+        if first is None or (first is not self and (
+                seen == s.step or not first.patched() or s._batch_step == s.step)):
             # The first to step makes the steps; another takes over once that one is unpatched,
-            # or once it steps twice here with no step of the first in between (a new
-            # optimizer for a second phase, while the old one is still alive).
+            # or (a new optimizer for a second phase, while the old one is still alive) once it
+            # steps with no step of the first since the patched loader's last batch, or twice
+            # here with no step of the first in between. A GAN's second optimizer steps after
+            # the first one ended the batch's step.
             s._primary = first = self
         primary = first is self
         if not primary:
