@@ -78,6 +78,8 @@ def cuda(monkeypatch):
     monkeypatch.setattr(timing, "_new_event", fake.event)
     monkeypatch.setattr(timing, "_stream_of", Stream)
     monkeypatch.setattr(timing, "_pools", {})
+    monkeypatch.setattr(timing, "_rank_device", timing._UNSET)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
     # "This process has initialised CUDA", as the hot paths read it (torch.cuda's own flag).
     regions.load_flags()
     monkeypatch.setattr(torch.cuda, "_initialized", True)
@@ -130,6 +132,49 @@ def test_events_go_on_the_stream_of_the_device_the_steps_run_on(tmp_path, cuda):
     assert all(v > 0 for _, v in got["trainkit/step_time_ms"])
     assert [k for k, _ in got["trainkit/region/forward_ms"]] == list(range(1, 13))
     assert [k for k, _ in got["trainkit/update_ms"]] == list(range(1, 13))
+
+
+def test_under_torchrun_without_set_device_no_event_goes_on_device_0(tmp_path, cuda, monkeypatch):
+    # A torchrun rank whose model went to cuda:<LOCAL_RANK> (no set_device, as the DDP tutorial
+    # has it): before its first step says where the steps run, the first wait's and the regions'
+    # events go on the rank's device too. On device 0 they timed its idle stream, and made a
+    # CUDA context there from every rank.
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        tk.patch(opt)
+        on_device(opt, 1)
+        train(model, opt, tk.patch(batches(3)))
+    assert cuda.recorded and set(cuda.recorded) == {1}, cuda.recorded
+    assert [k for k, _ in scalars(tmp_path)["trainkit/step_time_ms"]] == [1, 2, 3]
+
+
+def test_a_region_goes_on_the_current_device_once_it_is_set(tmp_path, cuda):
+    # A pipeline stage under `with torch.cuda.device(2)`: its region times device 2's stream, not
+    # the steps' device's; the other regions go on the steps' device (1) as the current device
+    # stays torch's default, 0.
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        tk.patch(opt)
+        on_device(opt, 1)
+        for x, y in tk.patch(batches(3)):
+            with tk.profile_region("stage0"):
+                h = model[0](x)
+            cuda.current = 2
+            before = len(cuda.recorded)
+            with tk.profile_region("stage1"):
+                out = model[2](model[1](h))
+            assert cuda.recorded[before:] == [2, 2]
+            cuda.current = 0
+            torch.nn.functional.cross_entropy(out, y).backward()
+            opt.step()
+            opt.zero_grad()
+    got = scalars(tmp_path)
+    assert [k for k, _ in got["trainkit/region/stage1_ms"]] == [1, 2, 3]
+    assert [k for k, _ in got["trainkit/region/stage0_ms"]] == [1, 2, 3]
 
 
 def test_finished_events_go_back_to_the_pool(tmp_path, cuda):

@@ -55,7 +55,7 @@ class PatchedLoader:
                 s = _S._active
                 if s is not None and (s._last_step_end is None
                                       or (s._batch_pending and mine == s.step)):
-                    ev0 = timing.cuda_event(s._cuda_device)
+                    ev0 = timing.cuda_event(timing.steps_device(s._cuda_device))
             try:
                 if tap._is_profiler_enabled:  # the wait shows as a named range in traces
                     with record_function("trainkit/data_wait"):
@@ -75,8 +75,8 @@ class PatchedLoader:
                 if s._last_step_end is None:  # the first step's time starts with its data
                     s._last_step_end = t0
                     if regions._TC._initialized:
-                        s._last_step_end = (ev0 if ev0 is not None
-                                            else timing.cuda_event(s._cuda_device))
+                        s._last_step_end = (ev0 if ev0 is not None else timing.cuda_event(
+                            timing.steps_device(s._cuda_device)))
                         s._last_step_host = t0  # for a step timed on the host (CPU parameters)
                     if patched:  # batches are steps when no optimizer here is going to step
                         s._batches_are_steps = not is_grad_enabled() or stepped_elsewhere(s)
@@ -85,8 +85,8 @@ class PatchedLoader:
                 if s._batch_pending and mine == s.step:
                     s._batch_pending = False
                     if regions._TC._initialized:
-                        s.step_done(ev0 if ev0 is not None
-                                    else timing.cuda_event(s._cuda_device))
+                        s.step_done(ev0 if ev0 is not None else timing.cuda_event(
+                            timing.steps_device(s._cuda_device)))
                     else:
                         s.step_done(t0)
                 step = s._batch_step = mine = s.step

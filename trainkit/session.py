@@ -284,7 +284,7 @@ class Session:
             self._batch_step = None
             if event is None and timing.cuda_in_use():
                 try:
-                    event = timing.cuda_event(self._cuda_device)
+                    event = timing.cuda_event(timing.steps_device(self._cuda_device))
                 except RuntimeError:  # a CUDA error that sticks (the user's failing step): the
                     pass  # step ends on the host clock, and the user's error is the one raised
             self.step_done(end if event is None else event)

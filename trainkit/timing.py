@@ -70,6 +70,50 @@ def cuda_event(device: Optional[int] = None) -> Any:
     return ev
 
 
+_UNSET: Any = object()
+_rank_device: Any = _UNSET  # LOCAL_RANK when it names a device of this process, else None
+
+
+def work_device(steps: Optional[int]) -> int:
+    """The device whose stream a region's (or a step's first wait's) events go on.
+
+    The current device, when set (``torch.cuda.set_device``, ``with torch.cuda.device(k)``: a
+    pipeline stage); while it is torch's default, 0, the steps' device (``steps``: the primary
+    optimizer's parameters', once known), and before that torchrun's ``LOCAL_RANK`` when it
+    names a device (a rank's ``model.to(local_rank)`` without ``set_device``, as the DDP
+    tutorial has it: events on device 0 would time its idle stream, and make a CUDA context
+    there from every rank).
+    """
+    global _rank_device
+    if _current_device is None:
+        _bind()
+    here = _current_device()  # type: ignore[misc]
+    if here != 0:
+        return here
+    if steps is not None:
+        return steps
+    if _rank_device is _UNSET:
+        _rank_device = None
+        from . import _env
+
+        try:
+            local = int(_env.get(_env.LOCAL_RANK) or 0)
+        except ValueError:
+            local = 0
+        if local > 0:
+            import torch
+
+            if local < torch.cuda.device_count():
+                _rank_device = local
+    return 0 if _rank_device is None else _rank_device
+
+
+def steps_device(known: Optional[int]) -> int:
+    """The device of a step's own events (its end, its first wait): ``known`` (the primary
+    optimizer's parameters'), else the guess of :func:`work_device`."""
+    return work_device(None) if known is None else known
+
+
 def event_device(ev: Any) -> Optional[int]:
     """The index of the device a recorded event belongs to."""
     device = getattr(ev, "device", None)

@@ -147,3 +147,19 @@ def test_patched_loader_counts_items_past_a_leading_0d_tensor(tmp_path):
     steps = dict(got["trainkit/step_time_ms"])
     items = {st: round(v * steps[st] / 1e3) for st, v in got["trainkit/samples_per_s"]}
     assert items == {1: 5, 2: 3, 3: 7, 4: 4, 5: 1}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the case of a machine without a GPU")
+def test_to_device_to_cuda_without_a_gpu_keeps_torchs_error_and_leaves_tensorless_batches_be(tmp_path):
+    # to_device starts CUDA before timing the first copy to a GPU; on a machine without one that
+    # start fails: a batch with no tensor is returned as it is (as before), and a tensor's copy
+    # raises torch's own error, not one from the start-up.
+    batch = {"ids": [1, 2], "name": "x"}
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        assert tk.to_device(batch, "cuda") == batch
+        with pytest.raises((RuntimeError, AssertionError)) as raised:
+            tk.to_device(torch.zeros(2), "cuda")
+    try:
+        torch.zeros(2).to("cuda")
+    except (RuntimeError, AssertionError) as exc:
+        assert type(raised.value) is type(exc) and str(raised.value) == str(exc)

@@ -134,8 +134,8 @@ class _Region:
             rf = torch.profiler.record_function(self.name)
             rf.__enter__()
         s = _S._active
-        # on the steps' device (the current one until the first step says which)
-        ev0 = timing.cuda_event(s._cuda_device) if _TC._initialized and s is not None else None
+        ev0 = (timing.cuda_event(timing.work_device(s._cuda_device))
+               if _TC._initialized and s is not None else None)
         self._starts.append((timing.now(), ev0, rf))
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:

@@ -156,13 +156,18 @@ def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> 
         if not timing.cuda_in_use():
             # The first copy to a GPU starts CUDA (seconds): done before the copy is timed, so
             # that it times the copy, with CUDA events, and not the start-up on the host clock.
-            torch.cuda.init()
-        if dev.index is None:
+            try:
+                torch.cuda.init()
+            except (RuntimeError, AssertionError):  # no GPU: a tensor's copy says so (torch's
+                pass  # own error); a batch without tensors is returned as it is
+        if dev.index is None and timing.cuda_in_use():
             dev = torch.device("cuda", torch.cuda.current_device())  # what tensors on it report
     s = _active_session()
     if s is None:
         return _move(obj, dev, non_blocking, [0, 0])
     gpu = timing.cuda_in_use() and dev.type == "cuda"
+    if gpu and s._cuda_device is None:  # where the steps run, until an optimizer's step says
+        s._cuda_device = dev.index
     ev0 = timing.cuda_event(dev.index) if gpu else None  # the copies run on its stream
     t0 = timing.now()
     acc = [0, 0]
