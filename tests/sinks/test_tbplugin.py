@@ -113,3 +113,69 @@ def test_entry_point_is_declared_in_setup_cfg():
     loader = getattr(importlib.import_module(module), attr)
     assert issubclass(loader, base_plugin.TBLoader)
     assert "sinks/tbplugin/static/*" in cfg["options.package_data"]["trainkit"]
+
+
+def test_listing_runs_and_is_active_analyze_no_run(logdir, monkeypatch):
+    """TensorBoard asks is_active() at every page load: it must not read whole runs (a live run of
+    200,000 steps held the page for 18 s each time it grew)."""
+    from tensorboard.plugins import base_plugin
+
+    from trainkit.sinks.tbplugin import TrainkitPlugin, data
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a run was analyzed to list the runs")
+
+    monkeypatch.setattr(data, "analyze_run", refuse)
+    assert TabData(logdir).runs() == ["exp1", "gpu"]
+    assert TrainkitPlugin(base_plugin.TBContext(logdir=logdir)).is_active()
+
+
+def test_a_run_found_once_its_trainkit_scalars_arrive(tmp_path):
+    from trainkit.sinks.tensorboard import EventFileWriter
+
+    w = EventFileWriter(str(tmp_path / "live"))
+    for step in range(1, 200):  # a user's own scalars only, for now: not a trainkit run
+        w.write_scalars(step=step, values={"loss": 1.0 / step, "not_trainkit/x": 1.0})
+    w.flush()
+    data = TabData(str(tmp_path))
+    assert data.runs() == [] and not data.has_runs()
+    w.write_scalars(step=200, values={"loss": 0.1, "trainkit/step_time_ms": 5.0})
+    w.flush()
+    assert data.runs() == ["live"] and data.report("live")["trainkit"] is True
+    w.close()
+
+
+def test_a_tilde_logdir_is_expanded_as_tensorboard_does(tmp_path, monkeypatch):
+    """``tensorboard --logdir=~/runs``: TensorBoard's tabs expand the ~; the trainkit tab did not
+    and stayed off."""
+    from tensorboard.plugins import base_plugin
+
+    from trainkit.sinks.tbplugin import TrainkitPlugin
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    shutil.copy(os.path.join(FIXTURES, "gpu_syncs.pt.trace.json"), tmp_path / "runs" / "a")
+    assert TabData("~/runs").runs() == ["a"]
+    assert TrainkitPlugin(base_plugin.TBContext(logdir="~/runs")).is_active()
+
+
+@pytest.mark.parametrize("name", ["训练_1.123.pt.trace.json", 'a"b.pt.trace.json',
+                                  "hôst_1.123.pt.trace.json"])
+def test_a_trace_of_any_name_downloads_under_its_name(tmp_path, name):
+    """The header went out as the raw name: beyond Latin-1 the server died mid-response, and a
+    quote cut the name short."""
+    from tensorboard.plugins import base_plugin
+    from werkzeug.http import parse_options_header
+    from werkzeug.test import Client
+
+    from trainkit.sinks.tbplugin import TrainkitPlugin
+
+    (tmp_path / "r").mkdir()
+    shutil.copy(os.path.join(FIXTURES, "gpu_syncs.pt.trace.json"), tmp_path / "r" / name)
+    plugin = TrainkitPlugin(base_plugin.TBContext(logdir=str(tmp_path)))
+    resp = Client(plugin.get_plugin_apps()["/trace"]).get("/trace", query_string={"run": "r",
+                                                                               "file": name})
+    assert resp.status_code == 200 and json.loads(resp.data)["traceEvents"]
+    header = resp.headers["Content-Disposition"]
+    header.encode("latin-1")  # what the HTTP server writes; it raised UnicodeEncodeError
+    assert parse_options_header(header) == ("attachment", {"filename": name})

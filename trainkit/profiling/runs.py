@@ -9,9 +9,11 @@ import dataclasses
 import gzip
 import json
 import os
-from typing import Any, Dict, List, Optional, Tuple
+import struct
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..recorder import PREFIX
+from ..sinks.tensorboard import masked_crc32c
 from .trace import is_trace
 
 EVENTS_MARK = "tfevents"
@@ -50,18 +52,64 @@ def find_runs(logdir: str) -> List[str]:
     return found
 
 
-def read_scalars(folder: str) -> Dict[str, List[Tuple[int, float]]]:
-    """Every scalar in the folder's event files, ``tag -> [(step, value), ...]``."""
-    if not any(EVENTS_MARK in f for f in os.listdir(folder)):
-        return {}
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+_HEADER = struct.Struct("<QI")  # a record's payload length, and that length's masked CRC
+_CRC = struct.Struct("<I")
 
-    acc = EventAccumulator(folder, size_guidance={"scalars": 0, "tensors": 1, "histograms": 1,
-                                                  "images": 1, "audio": 1,
-                                                  "compressedHistograms": 1})
-    acc.Reload()
-    return {tag: [(e.step, float(e.value)) for e in acc.Scalars(tag)]
-            for tag in acc.Tags().get("scalars", [])}
+
+def event_records(path: str) -> Iterator[bytes]:
+    """The payloads of an event file's records, in order (the framing the writer writes).
+
+    Stops, as TensorBoard's reader does, at a record still being written (the file of a run in
+    progress) or one whose CRC is wrong (a torn or corrupt file): what comes before is kept.
+    """
+    with open(path, "rb") as fh:
+        data = fh.read()
+    pos, end = 0, len(data)
+    while pos + _HEADER.size <= end:
+        length, header_crc = _HEADER.unpack_from(data, pos)
+        start = pos + _HEADER.size
+        stop = start + length + _CRC.size
+        if stop > end or masked_crc32c(data[pos:pos + 8]) != header_crc:
+            return
+        payload = data[start:start + length]
+        if masked_crc32c(payload) != _CRC.unpack_from(data, stop - _CRC.size)[0]:
+            return
+        yield payload
+        pos = stop
+
+
+def read_scalars(folder: str,
+                 names: Optional[List[str]] = None) -> Dict[str, List[Tuple[int, float]]]:
+    """Every scalar in the folder's event files (or those ``names``): ``tag -> [(step, value)]``.
+
+    What TensorBoard's ``EventAccumulator`` reads (the files in name order, ``simple_value``
+    scalars, a ``SessionLog.START`` dropping the steps from its own on), about ten times faster:
+    the tab reads a run again each time it grows, and a run of 200,000 steps took 15 s.
+    """
+    names = sorted(f for f in os.listdir(folder) if EVENTS_MARK in f) if names is None else names
+    if not names:
+        return {}
+    from google.protobuf.message import DecodeError
+    from tensorboard.compat.proto import event_pb2
+
+    out: Dict[str, List[Tuple[int, float]]] = {}
+    event = event_pb2.Event()
+    start = event_pb2.SessionLog.START
+    for name in names:
+        try:
+            for payload in event_records(os.path.join(folder, name)):
+                event.ParseFromString(payload)
+                if event.HasField("summary"):
+                    step = event.step
+                    for value in event.summary.value:
+                        if value.HasField("simple_value"):
+                            out.setdefault(value.tag, []).append((step, value.simple_value))
+                elif event.HasField("session_log") and event.session_log.status == start:
+                    for tag, points in out.items():  # a restart: later steps are orphaned
+                        out[tag] = [p for p in points if p[0] < event.step]
+        except (OSError, DecodeError):  # gone meanwhile, or not an event file: keep what was read
+            continue
+    return {tag: points for tag, points in out.items() if points}
 
 
 def load_run(logdir: str, folder: str) -> Run:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import mimetypes
 import os
+import unicodedata
+import urllib.parse
 from typing import Any, Callable, Dict
 
 from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
-from werkzeug import wrappers
+from werkzeug import http, wrappers
 
 from .data import TabData
 
@@ -26,6 +28,20 @@ STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 def _json(request: Any, data: Any, code: int = 200) -> wrappers.Response:
     # http_util.Respond adds the headers TensorBoard requires (nosniff, caching, CSP).
     return http_util.Respond(request, json.dumps(data), "application/json", code=code)
+
+
+def _attachment(name: str) -> str:
+    """``Content-Disposition`` for a download named ``name``, whatever its characters.
+
+    Header values are Latin-1 on the wire: a name beyond it goes in RFC 6266's ``filename*``
+    (UTF-8, percent-encoded), with an ASCII ``filename`` for old clients; quotes are escaped.
+    """
+    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode("ascii")
+    fallback = http.quote_header_value(ascii_name or "trace.json", allow_token=False)
+    value = f"attachment; filename={fallback}"
+    if ascii_name != name:
+        value += f"; filename*=UTF-8''{urllib.parse.quote(name, safe='')}"
+    return value
 
 
 class TrainkitPlugin(base_plugin.TBPlugin):
@@ -83,7 +99,7 @@ class TrainkitPlugin(base_plugin.TBPlugin):
             body = fh.read()
         kind = "application/gzip" if name.endswith(".gz") else "application/json"
         return http_util.Respond(request, body, kind, headers=[
-            ("Content-Disposition", f'attachment; filename="{os.path.basename(path)}"')])
+            ("Content-Disposition", _attachment(os.path.basename(path)))])
 
     @wrappers.Request.application
     def _serve_static(self, request: Any) -> wrappers.Response:
