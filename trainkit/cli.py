@@ -32,16 +32,23 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
 def _demo_run(args: argparse.Namespace) -> int:
     from . import demo
 
+    # The default folder is fixed here, so it is checked like a given one and the run says it.
+    logdir = demo.default_logdir() if args.logdir is None else args.logdir
     try:
-        config = demo.DemoConfig(logdir=args.logdir, epochs=args.epochs, train_size=args.train_size,
+        config = demo.DemoConfig(logdir=logdir, epochs=args.epochs, train_size=args.train_size,
                                  batch_size=args.batch_size, max_seconds=args.max_seconds,
                                  progress=not args.no_progress)
-        if args.logdir is not None:  # a bad folder is refused here, not after a traceback
-            from .session import _check_logdir
-
-            _check_logdir(args.logdir)
     except ValueError as exc:
         print(f"trainkit demo: {exc}", file=sys.stderr)
+        return 2
+    from .session import _check_logdir
+
+    try:  # a bad folder is refused here, not after a traceback
+        _check_logdir(logdir)
+    except ValueError as exc:
+        hint = "" if args.logdir is not None else (
+            " (the default run folder, under the current directory: choose another with --logdir DIR)")
+        print(f"trainkit demo: {exc}{hint}", file=sys.stderr)
         return 2
     return demo.main(config)
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -54,7 +56,8 @@ class DemoResult:
     accuracy: float
 
     def __str__(self) -> str:
-        return (f"{self.steps} optimizer steps, median step {self.median_step_ms:.2f} ms, "
+        plural = "" if self.steps == 1 else "s"
+        return (f"{self.steps} optimizer step{plural}, median step {self.median_step_ms:.2f} ms, "
                 f"{self.samples_per_s:,.0f} samples/s, data wait {100 * self.data_wait_share:.1f}% "
                 f"of step time; final loss {self.final_loss:.3f}, validation accuracy "
                 f"{100 * self.accuracy:.1f}%")
@@ -87,6 +90,8 @@ def run(config: DemoConfig) -> DemoResult:
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     criterion = torch.nn.CrossEntropyLoss()
     logdir = config.logdir or default_logdir()
+    loss = None  # no step at all when max_seconds ends the run before the first one
+    theirs = _event_files(logdir)  # a rerun into the same folder: earlier sessions' files
     with tk.session(logdir=logdir) as s, _progress(config) as bar:
         tk.patch(optimizer)
         loader = tk.patch(DataLoader(train, batch_size=config.batch_size, shuffle=True,
@@ -110,14 +115,14 @@ def run(config: DemoConfig) -> DemoResult:
                 bar.advance(task)
             accuracy = _evaluate(model, val_x, val_y, device, config.batch_size)
             s.log("val/accuracy", accuracy)
-    step_ms, waits = _read_back(s.logdir)
+    step_ms, waits = _read_back(s.logdir, sorted(_event_files(s.logdir) - theirs))
     median = statistics.median(step_ms) if step_ms else float("nan")
     total = sum(step_ms)
     return DemoResult(
         logdir=s.logdir, steps=len(step_ms), median_step_ms=median,
         samples_per_s=config.batch_size / (median / 1e3) if step_ms else float("nan"),
         data_wait_share=(sum(waits) / total) if total else 0.0,
-        final_loss=float(loss.detach()), accuracy=accuracy)
+        final_loss=math.nan if loss is None else float(loss.detach()), accuracy=accuracy)
 
 
 def _evaluate(model: Any, x: Any, y: Any, device: Any, batch_size: int) -> float:
@@ -134,16 +139,22 @@ def _evaluate(model: Any, x: Any, y: Any, device: Any, batch_size: int) -> float
     return float(correct) / len(x)  # one sync per epoch, outside the training step
 
 
-def _read_back(logdir: str) -> "tuple[List[float], List[float]]":
-    """Step times and data waits as TensorBoard will show them (the event files, read back)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+def _event_files(logdir: str) -> "set[str]":
+    try:
+        return {f for f in os.listdir(logdir) if "tfevents" in f}
+    except OSError:
+        return set()
 
-    ea = EventAccumulator(logdir, size_guidance={"scalars": 0})
-    ea.Reload()
-    tags = set(ea.Tags()["scalars"])
+
+def _read_back(logdir: str, names: List[str]) -> "tuple[List[float], List[float]]":
+    """Step times and data waits as TensorBoard will show them: this session's event file, read
+    back (a folder used before also holds the earlier sessions', whose steps are not this run's)."""
+    from .profiling.runs import read_scalars
+
+    got = read_scalars(logdir, names)
 
     def values(tag: str) -> List[float]:
-        return [e.value for e in ea.Scalars(tag)] if tag in tags else []
+        return [v for _, v in got.get(tag, [])]
 
     return values("trainkit/step_time_ms"), values("trainkit/data_wait_ms")
 
@@ -173,16 +184,23 @@ def _progress(config: DemoConfig) -> Any:
 
 
 def summary_lines(result: DemoResult) -> Dict[str, str]:
+    parent = os.path.dirname(result.logdir) or "."  # quoted: a path may hold spaces
     return {
         "result": str(result),
         "run": f"TensorBoard run: {result.logdir}",
-        "open": f"Open it: tensorboard --logdir {os.path.dirname(result.logdir) or '.'} "
+        "open": f"Open it: tensorboard --logdir {shlex.quote(parent)} "
                 f"(then browse http://localhost:6006)",
     }
 
 
 def main(config: DemoConfig) -> int:
+    """Run the demo and print its summary; 1 when no optimizer step finished in time."""
     result = run(config)
+    if result.steps == 0:
+        print(f"trainkit demo: no optimizer step finished within --max-seconds "
+              f"{config.max_seconds:g}, so there is no step time to report (the run is in "
+              f"{result.logdir}); give it longer, e.g. --max-seconds 50", file=sys.stderr)
+        return 1
     for line in summary_lines(result).values():
         print(line, file=sys.stdout)
     return 0
