@@ -26,9 +26,9 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = torch.nn.Sequential(
         *[torch.nn.Linear(args.width, args.width, bias=False) for _ in range(4)]).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     tk.compiled_step(optimizer)  # the same as tk.patch(optimizer, compile=True)
-    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=args.steps)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-3, total_steps=args.steps)
     inputs = torch.rand(32, args.width, device=device)
 
     with tk.session(logdir=args.logdir) as s:

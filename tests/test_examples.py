@@ -32,3 +32,16 @@ def test_example_runs(tmp_path, name):
                           *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert tag in scalars(logdir)
+
+
+@pytest.mark.slow
+def test_compiled_optimizer_example_trains_with_its_defaults(tmp_path):
+    """Its loss went from 0.005 to 1e7 (max_lr=0.05 for Adam): a run that looked broken by compile."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    logdir = tmp_path / "run"
+    out = subprocess.run([sys.executable, os.path.join(REPO, "examples", "compiled_optimizer.py"),
+                          "--logdir", str(logdir)], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    losses = [v for _, v in sorted(scalars(logdir)["loss"])]
+    assert max(losses) <= losses[0] * 1.5 and losses[-1] < losses[0] / 2, losses
