@@ -179,3 +179,39 @@ def test_a_trace_of_any_name_downloads_under_its_name(tmp_path, name):
     header = resp.headers["Content-Disposition"]
     header.encode("latin-1")  # what the HTTP server writes; it raised UnicodeEncodeError
     assert parse_options_header(header) == ("attachment", {"filename": name})
+
+
+def test_a_symlinked_run_is_listed_as_tensorboard_lists_it(tmp_path):
+    """TensorBoard follows a run linked into the logdir; the tab left it out."""
+    elsewhere = tmp_path / "elsewhere" / "exp"
+    elsewhere.mkdir(parents=True)
+    shutil.copy(os.path.join(FIXTURES, "gpu_syncs.pt.trace.json"), elsewhere)
+    logdir = tmp_path / "logdir"
+    (logdir / "real").mkdir(parents=True)
+    shutil.copy(os.path.join(FIXTURES, "gpu_syncs.pt.trace.json"), logdir / "real")
+    os.symlink(elsewhere, logdir / "linked")
+    os.symlink(logdir, logdir / "real" / "loop")  # a link back up the tree must end
+    data = TabData(str(logdir))
+    assert data.runs() == ["linked", "real"]
+    assert data.report("linked")["traces"] == ["gpu_syncs.pt.trace.json"]
+
+
+def test_logdir_spec_runs_are_named_as_tensorboard_names_them(tmp_path):
+    """``tensorboard --logdir_spec a:runs/a,runs/b``: no --logdir, so the tab was off."""
+    import argparse
+
+    from tensorboard.plugins import base_plugin
+
+    from trainkit.sinks.tbplugin import TrainkitPlugin
+
+    for folder in ("a", "b/exp"):
+        (tmp_path / folder).mkdir(parents=True)
+        shutil.copy(os.path.join(FIXTURES, "gpu_syncs.pt.trace.json"), tmp_path / folder)
+    spec = f"grp:{tmp_path / 'a'},{tmp_path / 'b'}"
+    context = base_plugin.TBContext(logdir="", flags=argparse.Namespace(logdir_spec=spec))
+    plugin = TrainkitPlugin(context)
+    assert plugin.is_active() and plugin.data.runs() == ["exp", "grp/."]
+    rep = plugin.data.report("grp/.")
+    assert rep["run"] == "grp/." and {f["run"] for f in rep["findings"]} == {"grp/."}
+    assert plugin.data.trace_path("exp", "gpu_syncs.pt.trace.json") == os.path.realpath(
+        tmp_path / "b" / "exp" / "gpu_syncs.pt.trace.json")

@@ -43,9 +43,19 @@ class Run:
 
 
 def find_runs(logdir: str) -> List[str]:
-    """Folders under ``logdir`` (itself included) holding event files or traces, sorted."""
+    """Folders under ``logdir`` (itself included) holding event files or traces, sorted.
+
+    Symlinked folders are followed, as TensorBoard follows them (runs linked into one logdir to
+    compare them), each real folder once, so a link back up the tree ends.
+    """
     found = []
-    for folder, dirs, files in os.walk(logdir):
+    seen = set()
+    for folder, dirs, files in os.walk(logdir, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
         dirs.sort()
         if any(EVENTS_MARK in f or is_trace(f) for f in files):
             found.append(folder)

@@ -51,17 +51,31 @@ def _ablation(folder: str) -> Dict[str, Any]:
     return {"rows": rows if isinstance(rows, list) else [], "message": ""}
 
 
+def _spec_roots(logdir_spec: str) -> List[Tuple[str, Optional[str]]]:
+    """``--logdir_spec name:path,path2``'s folders and group names, parsed as TensorBoard does."""
+    try:
+        from tensorboard.backend.event_processing.data_ingester import _parse_event_files_spec
+    except ImportError:  # pragma: no cover - a TensorBoard that moved it: no runs, no crash
+        return []
+    return sorted(_parse_event_files_spec(logdir_spec).items())
+
+
 class TabData:
     """Runs and reports of one logdir, recomputed only when a run's files change.
+
+    ``logdir_spec`` (TensorBoard's ``--logdir_spec``, when there is no ``--logdir``) names each
+    run as TensorBoard does: ``<group>/<folder under its path>``.
 
     Example::
 
         data = TabData("runs"); data.runs(); data.report(".")
     """
 
-    def __init__(self, logdir: str) -> None:
+    def __init__(self, logdir: str, logdir_spec: str = "") -> None:
         # TensorBoard expands a leading ~ of --logdir for its own tabs; so must this one.
         self.logdir = os.path.expanduser(logdir) if logdir else logdir
+        self._roots = ([(self.logdir, None)] if self.logdir
+                       else _spec_roots(logdir_spec) if logdir_spec else [])
         self._lock = threading.Lock()
         self._reports: Dict[str, Tuple[Any, Dict[str, Any]]] = {}
         # event file -> (bytes scanned, holds a trainkit tag): files only grow, so a file found
@@ -69,9 +83,13 @@ class TabData:
         self._scanned: Dict[str, Tuple[int, bool]] = {}
 
     def _folders(self) -> Dict[str, str]:
-        if not self.logdir or not os.path.isdir(self.logdir):
-            return {}
-        return {os.path.relpath(f, self.logdir): f for f in find_runs(self.logdir)}
+        out = {}
+        for root, group in self._roots:
+            if os.path.isdir(root):
+                for f in find_runs(root):
+                    rel = os.path.relpath(f, root)
+                    out[os.path.join(group, rel) if group else rel] = f
+        return out
 
     def _has_trainkit_tag(self, path: str) -> bool:
         with self._lock:
@@ -113,7 +131,10 @@ class TabData:
             cached = self._reports.get(name)
             if cached is not None and cached[0] == sig:
                 return cached[1]
-        out = analyze_run(self.logdir, folder).to_dict()
+        out = analyze_run(folder, folder).to_dict()
+        out["run"] = name  # as TensorBoard and the runs route name it
+        for finding in out["findings"]:
+            finding["run"] = name
         out["ablation"] = _ablation(folder)
         with self._lock:
             self._reports[name] = (sig, out)

@@ -57,7 +57,9 @@ class TrainkitPlugin(base_plugin.TBPlugin):
 
     def __init__(self, context: Any) -> None:
         super().__init__(context)
-        self.data = TabData(getattr(context, "logdir", "") or "")
+        flags = getattr(context, "flags", None)
+        self.data = TabData(getattr(context, "logdir", "") or "",
+                            getattr(flags, "logdir_spec", "") or "")
 
     def get_plugin_apps(self) -> Dict[str, Callable[..., Any]]:
         return {
