@@ -215,3 +215,21 @@ def test_logdir_spec_runs_are_named_as_tensorboard_names_them(tmp_path):
     assert rep["run"] == "grp/." and {f["run"] for f in rep["findings"]} == {"grp/."}
     assert plugin.data.trace_path("exp", "gpu_syncs.pt.trace.json") == os.path.realpath(
         tmp_path / "b" / "exp" / "gpu_syncs.pt.trace.json")
+
+
+def test_the_report_is_json_a_browser_parses_whatever_the_numbers(tmp_path):
+    """An ablation.json dumped with a NaN ratio came back as ``NaN``: JSON.parse refused the whole
+    report, and the tab showed a SyntaxError for the run."""
+    from tensorboard.plugins import base_plugin
+    from werkzeug.test import Client
+
+    from trainkit.sinks.tbplugin import TrainkitPlugin
+
+    (tmp_path / "r").mkdir()
+    shutil.copy(os.path.join(FIXTURES, "gpu_syncs.pt.trace.json"), tmp_path / "r")
+    rows = [{"technique": "amp", "ratio": float("nan"), "ci": [float("-inf"), 1.0]}]
+    (tmp_path / "r" / "ablation.json").write_text(json.dumps({"rows": rows}))
+    plugin = TrainkitPlugin(base_plugin.TBContext(logdir=str(tmp_path)))
+    resp = Client(plugin.get_plugin_apps()["/report"]).get("/report", query_string={"run": "r"})
+    strict = json.loads(resp.data, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    assert strict["ablation"]["rows"] == [{"technique": "amp", "ratio": None, "ci": [None, 1.0]}]

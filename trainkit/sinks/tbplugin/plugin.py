@@ -9,6 +9,7 @@ Routes:
 from __future__ import annotations
 
 import json
+import math
 import mimetypes
 import os
 import unicodedata
@@ -25,9 +26,22 @@ PLUGIN_NAME = "trainkit"
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 
 
+def _finite(data: Any) -> Any:
+    """``data`` with NaN and infinities as None: JSON has no such numbers, and the browser's
+    JSON.parse refuses the ``NaN`` Python writes (an ablation.json dumped with a NaN ratio)."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(v) for v in data]
+    return data
+
+
 def _json(request: Any, data: Any, code: int = 200) -> wrappers.Response:
     # http_util.Respond adds the headers TensorBoard requires (nosniff, caching, CSP).
-    return http_util.Respond(request, json.dumps(data), "application/json", code=code)
+    return http_util.Respond(request, json.dumps(_finite(data), allow_nan=False),
+                             "application/json", code=code)
 
 
 def _attachment(name: str) -> str:
