@@ -10,15 +10,14 @@ with the previous handler so that the exit status is the one the process would h
 from __future__ import annotations
 
 import atexit
-import datetime
 import math
 import numbers
 import os
-import socket
 import threading
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from . import _env, _signals, timing
+from ._logdir import check_logdir as _check_logdir, default_logdir as _default_logdir
 from ._logvalues import check_log_name, to_scalar
 from ._text import brief
 from .recorder import STEP_END, STEP_TIME, Recorder
@@ -29,46 +28,6 @@ _active: Optional["Session"] = None
 def active() -> Optional["Session"]:
     """The active session, or None."""
     return _active
-
-
-def _default_logdir() -> str:
-    # The layout torch.utils.tensorboard.SummaryWriter uses, so runs sort by time.
-    when = datetime.datetime.now()
-    if _env.rank() is not None:
-        # Under torchrun every rank must pick the same folder (its own rank<N> inside): the
-        # launcher's start time is one value for all the ranks of a machine, where each rank's
-        # own clock may cross a second between them.
-        try:
-            import psutil
-
-            when = datetime.datetime.fromtimestamp(psutil.Process(os.getppid()).create_time())
-        except Exception:  # no parent to ask (an orphan): the rank's own time
-            pass
-    return os.path.join("runs", f"{when.strftime('%b%d_%H-%M-%S')}_{socket.gethostname()}")
-
-
-def _check_logdir(logdir: Any) -> str:
-    if not isinstance(logdir, (str, os.PathLike)):
-        raise TypeError(f"session(logdir={logdir!r}): logdir must be a path (str or os.PathLike), "
-                        f"e.g. tk.session(logdir='runs/exp1')")
-    path = os.fsdecode(os.fspath(logdir))
-    if not path:
-        raise ValueError("session(logdir=''): logdir must not be empty, e.g. tk.session(logdir='runs/exp1')")
-    if "\0" in path:
-        raise ValueError(f"session(logdir={path!r}): a path cannot hold a NUL character ('\\0'); "
-                         f"pass a folder name without one, e.g. logdir='runs/exp1'")
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"session(logdir={path!r}): {path!r} is a file, not a folder; "
-                         f"pass a folder (created if missing), e.g. logdir={path + '_runs'!r}")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"session(logdir={path!r}): cannot create the folder ({exc.strerror}); "
-                         f"pass a folder you can write to, e.g. logdir='runs/exp1'") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ValueError(f"session(logdir={path!r}): the folder is not writable; "
-                         f"pass a folder you can write to, e.g. logdir='runs/exp1'")
-    return path
 
 
 class Session:
