@@ -98,8 +98,9 @@ class Session:
         self._last_step_end: Any = None  # perf_counter float, or a CUDA event on a GPU
         #: host time (perf_counter) of the last step's end, for regions where it is a CUDA event
         self._last_step_host: Optional[float] = None
-        #: the CUDA device the steps run on (the primary optimizer's parameters'), once known:
-        #: where the loader's and the regions' events go. None: the current device.
+        #: the CUDA device the steps run on (the primary optimizer's parameters', or a
+        #: to_device destination before its first step), once known: where the loader's and
+        #: the regions' events go. None: not known yet (timing.steps_device guesses).
         self._cuda_device: Optional[int] = None
         self._closed = False
         self._on_close: List[Callable[[], None]] = []
@@ -312,7 +313,8 @@ def _tensor_type() -> Any:
     return _Tensor
 
 
-#: ``torch.compiler.is_compiling``, bound with the tensor type (no session exists before).
+#: torch's "is dynamo tracing this" (:func:`_is_compiling_function`), bound with the tensor
+#: type (no session exists before).
 _compiling: Callable[[], bool] = bool
 _log_outside_graph: Any = None
 
