@@ -45,3 +45,80 @@ def test_the_printed_tensorboard_command_is_quoted(tmp_path):
     line = demo.summary_lines(result)["open"]
     assert f"tensorboard --logdir '{tmp_path / 'my runs'}' " in line
     assert str(result).startswith("1 optimizer step, ")
+
+
+def test_a_train_size_beyond_memory_trains_in_a_few_mb(tmp_path):
+    """--train-size 10000000 made all its images up front: 31 GB, a MemoryError-like
+    RuntimeError (or the OOM killer) long before --max-seconds would have used them. The child
+    runs on the CPU in 8 GB of address space: enough for the demo, a quarter of the old data."""
+    import resource
+    import subprocess
+    import sys
+
+    from tests.test_switches_cli_import import REPO, _env
+
+    env = dict(_env(), CUDA_VISIBLE_DEVICES="")  # CUDA reserves far more address space than 8 GB
+    limit = 8 * 2 ** 30
+    out = subprocess.run(
+        [sys.executable, "-m", "trainkit", "demo", "--logdir", str(tmp_path / "big"),
+         "--train-size", "10000000", "--epochs", "1", "--max-seconds", "1", "--no-progress"],
+        env=env, capture_output=True, text=True, cwd=REPO, timeout=120,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert " optimizer step" in out.stdout and f"TensorBoard run: {tmp_path / 'big'}" in out.stdout
+
+
+def test_a_batch_that_cannot_fit_is_refused_before_anything_is_made(tmp_path, capsys):
+    """A step of 10,000,000 images (about 4 TB) was tried after making the data."""
+    logdir = tmp_path / "x"
+    assert cli.main(["demo", "--logdir", str(logdir), "--train-size", "10000000",
+                     "--batch-size", "10000000", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trainkit demo: --batch-size 10000000: ") and "e.g. --batch-size " in err
+    assert "Traceback" not in err and not logdir.exists()
+    # A batch larger than the data is the data: no false refusal.
+    demo.check_memory(demo.DemoConfig(train_size=128, batch_size=10 ** 9))
+
+
+def test_epochs_after_max_seconds_are_not_run(tmp_path, monkeypatch):
+    """Each epoch left after --max-seconds still fetched a batch and evaluated the model."""
+    calls = []
+    monkeypatch.setattr(demo, "_evaluate", lambda *a: calls.append(1) or 0.5)
+    result = demo.run(demo.DemoConfig(logdir=str(tmp_path / "x"), epochs=1000, train_size=128,
+                                      val_size=64, batch_size=64, progress=False,
+                                      max_seconds=1e-9))
+    assert result.steps == 0 and len(calls) == 1
+
+
+def test_the_default_folder_under_torchrun_is_the_launchers_time(monkeypatch):
+    """Each rank named the folder by its own clock: ranks a second apart wrote to two folders."""
+    import datetime
+    import os
+
+    import psutil
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    started = datetime.datetime.fromtimestamp(psutil.Process(os.getppid()).create_time())
+    assert demo.default_logdir() == os.path.join("runs", started.strftime("demo-%Y%m%d-%H%M%S"))
+
+
+def test_under_torchrun_a_rerun_counts_its_own_steps(tmp_path, monkeypatch):
+    """A rank writes <logdir>/rank<N>, but the files were compared in <logdir>: a second run into
+    the same folder said 4 steps for 2. One rank of a torchrun world of 1, in this process (the
+    two-process run is tests/process/test_demo_torchrun.py)."""
+    from tests.process._util import free_port
+
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
+                        ("MASTER_ADDR", "127.0.0.1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    first = demo.run(tiny(tmp_path / "x"))
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    again = demo.run(tiny(tmp_path / "x"))
+    assert (first.steps, again.steps) == (2, 2)
+    assert again.logdir == str(tmp_path / "x" / "rank0") and [r.steps for r in again.ranks] == [2]
+    assert len(list((tmp_path / "x" / "rank0").glob("*tfevents*"))) == 2
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()  # the demo's process group is gone

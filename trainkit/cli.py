@@ -22,10 +22,13 @@ _SUBCOMMANDS: Dict[str, Tuple[str, str]] = {
 def _demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--logdir", help="run folder (default: runs/demo-<date>-<time>)")
     p.add_argument("--epochs", type=int, default=2, help="passes over the data (default: 2)")
-    p.add_argument("--train-size", type=int, default=6400, help="training images (default: 6400)")
+    p.add_argument("--train-size", type=int, default=6400,
+                   help="training images, any number: more than fit in memory are made as they "
+                        "are used (default: 6400)")
     p.add_argument("--max-seconds", type=float, default=50.0,
                    help="stop training after this long (default: 50)")
-    p.add_argument("--batch-size", type=int, default=64, help="batch size (default: 64)")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="batch size (default: 64; under torchrun, each rank's)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -38,6 +41,7 @@ def _demo_run(args: argparse.Namespace) -> int:
         config = demo.DemoConfig(logdir=logdir, epochs=args.epochs, train_size=args.train_size,
                                  batch_size=args.batch_size, max_seconds=args.max_seconds,
                                  progress=not args.no_progress)
+        demo.check_memory(config)  # a --batch-size that cannot fit: said before anything is made
     except ValueError as exc:
         print(f"trainkit demo: {exc}", file=sys.stderr)
         return 2

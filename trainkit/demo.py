@@ -3,6 +3,10 @@
 Trains the seed article's MNIST CNN on locally made MNIST-shaped data with a session,
 ``tk.patch(optimizer)``, ``tk.patch(loader)``, ``tk.to_device`` and regions, shows progress, and
 says where the TensorBoard run is and how to open it.
+
+Under torchrun (``torchrun --nproc_per_node 2 -m trainkit demo``) it trains data-parallel: one DDP
+replica per rank, each on its share of the data, and each rank's session writes its own run,
+``<logdir>/rank<N>``; rank 0 prints every rank's numbers.
 """
 from __future__ import annotations
 
@@ -14,7 +18,18 @@ import shlex
 import statistics
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from . import _env
+
+#: Up to this many images (training and validation together, 200 MB) are made up front, as
+#: ``synthetic_mnist`` makes them (the numbers the demo has always given); more are made a block
+#: at a time as the loader asks for them (``SyntheticMNIST``: the same kind of images, a few MB
+#: of memory whatever --train-size).
+EAGER_IMAGES = 65536
+#: Bytes an image of the batch takes in one training step of the demo CNN on a CPU: activations
+#: kept for the backward pass, their gradients and the batch (measured: ~330 KB), with room.
+STEP_BYTES_PER_IMAGE = 400_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +56,11 @@ class DemoConfig:
             raise ValueError(f"demo max_seconds={self.max_seconds!r}: must be > 0, e.g. --max-seconds 50")
         if not self.lr > 0:
             raise ValueError(f"demo lr={self.lr!r}: must be > 0, e.g. 1e-3")
+        from .workloads.mnist import MAX_IMAGES
+
+        if self.train_size + self.val_size > MAX_IMAGES:
+            raise ValueError(f"demo train_size={self.train_size!r}: at most 2**62 images with "
+                             f"the validation ones, e.g. --train-size 6400")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +74,10 @@ class DemoResult:
     data_wait_share: float
     final_loss: float
     accuracy: float
+    #: under torchrun: this process's rank, every rank's result (rank order) and the device
+    rank: Optional[int] = None
+    ranks: Tuple["DemoResult", ...] = ()
+    device: str = ""
 
     def __str__(self) -> str:
         plural = "" if self.steps == 1 else "s"
@@ -64,11 +88,56 @@ class DemoResult:
 
 
 def default_logdir() -> str:
-    return os.path.join("runs", "demo-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    """``runs/demo-<date>-<time>``; under torchrun the launcher's start time, one folder for all
+    the ranks of a machine (each rank's own clock may cross a second between them)."""
+    when = datetime.datetime.now()
+    if _env.rank() is not None:
+        try:
+            import psutil
+
+            when = datetime.datetime.fromtimestamp(psutil.Process(os.getppid()).create_time())
+        except Exception:  # no parent to ask (an orphan): the rank's own time
+            pass
+    return os.path.join("runs", "demo-" + when.strftime("%Y%m%d-%H%M%S"))
+
+
+def check_memory(config: DemoConfig) -> None:
+    """A ValueError naming --batch-size when one training step plainly cannot fit in memory.
+
+    Called before anything is made or written; the data itself never is the problem (a big
+    --train-size is made a block at a time). Example:: check_memory(DemoConfig(batch_size=64))
+    """
+    import torch
+
+    world = int(_env.get(_env.WORLD_SIZE) or 1) if _env.rank() is not None else 1
+    batch = min(config.batch_size, -(-config.train_size // world))
+    need = batch * STEP_BYTES_PER_IMAGE
+    if need < 2 ** 30:  # nothing to ask
+        return
+    if torch.cuda.is_available():
+        index = int(_env.get(_env.LOCAL_RANK) or 0) if _env.rank() is not None else 0
+        index = index if index < torch.cuda.device_count() else 0
+        free, where = torch.cuda.get_device_properties(index).total_memory, f"of GPU {index}"
+    else:
+        import psutil
+
+        free, where = psutil.virtual_memory().available, "free on this machine"
+    if need <= free:
+        return
+    fits = 1
+    while fits * 2 * STEP_BYTES_PER_IMAGE * 2 <= free:  # a power of two, half the memory
+        fits *= 2
+    raise ValueError(
+        f"--batch-size {config.batch_size}: one training step of the demo CNN on {batch:,} images "
+        f"needs about {need / 1e9:,.1f} GB ({STEP_BYTES_PER_IMAGE // 1000} KB an image), more than "
+        f"the {free / 1e9:,.1f} GB {where}; use a smaller batch, e.g. --batch-size {fits}")
 
 
 def run(config: DemoConfig) -> DemoResult:
     """Train the built-in workload under a trainkit session and summarise what was recorded.
+
+    Under torchrun every rank calls it (the CLI does): data-parallel training, one run per rank,
+    and each rank's result has every rank's in ``ranks``.
 
     Example::
 
@@ -79,53 +148,175 @@ def run(config: DemoConfig) -> DemoResult:
 
     import trainkit as tk
 
-    from .workloads.mnist import simple_cnn, synthetic_mnist
+    from .workloads.mnist import BlockShuffle, SyntheticMNIST, simple_cnn, synthetic_mnist
 
+    check_memory(config)
     torch.manual_seed(config.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    x, y = synthetic_mnist(config.train_size + config.val_size, seed=config.seed)
-    train = TensorDataset(x[:config.train_size], y[:config.train_size])
-    val_x, val_y = x[config.train_size:], y[config.train_size:]
-    model = simple_cnn().to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-    criterion = torch.nn.CrossEntropyLoss()
-    logdir = config.logdir or default_logdir()
-    loss = None  # no step at all when max_seconds ends the run before the first one
-    theirs = _event_files(logdir)  # a rerun into the same folder: earlier sessions' files
-    with tk.session(logdir=logdir) as s, _progress(config) as bar:
-        tk.patch(optimizer)
-        loader = tk.patch(DataLoader(train, batch_size=config.batch_size, shuffle=True,
-                                     pin_memory=device.type == "cuda"))
-        task = bar.add_task("training", total=config.epochs * len(loader))
-        deadline = time.monotonic() + config.max_seconds
-        for _epoch in range(config.epochs):
-            model.train()
-            for xb, yb in loader:
-                if time.monotonic() > deadline:
+    ranks = _Ranks.start() if _env.rank() is not None else None
+    done = False
+    try:
+        device = ranks.device if ranks is not None else torch.device(
+            "cuda" if torch.cuda.is_available() else "cpu")
+        rank, world = (ranks.rank, ranks.world) if ranks is not None else (0, 1)
+        n = config.train_size + config.val_size
+        sampler: Any = None
+        if n <= EAGER_IMAGES:  # made up front, the numbers of the demo's first versions
+            x, y = synthetic_mnist(n, seed=config.seed)
+            train: Any = TensorDataset(x[:config.train_size], y[:config.train_size])
+            val_x, val_y = x[config.train_size:], y[config.train_size:]
+
+            def val_batches() -> Iterator[Any]:
+                for i in range(0, config.val_size, config.batch_size):
+                    yield val_x[i:i + config.batch_size], val_y[i:i + config.batch_size]
+
+            if ranks is not None:
+                from torch.utils.data.distributed import DistributedSampler
+
+                sampler = DistributedSampler(train, num_replicas=world, rank=rank, seed=config.seed)
+            batching: Dict[str, Any] = dict(batch_size=config.batch_size, shuffle=sampler is None,
+                                            sampler=sampler)
+        else:  # made a block at a time as the loader asks: memory stays a few MB
+            train = SyntheticMNIST(n, seed=config.seed)
+            sampler = BlockShuffle(config.train_size, config.batch_size, seed=config.seed,
+                                   rank=rank, world=world)
+
+            def val_batches() -> Iterator[Any]:
+                for i in range(config.train_size, n, config.batch_size):
+                    yield train[torch.arange(i, min(i + config.batch_size, n))]
+
+            batching = dict(batch_size=None, sampler=sampler)
+        model = simple_cnn().to(device)
+        net = model  # what is evaluated: the model itself, not its DDP wrapper
+        if ranks is not None:
+            model = ranks.wrap(model)
+        optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+        criterion = torch.nn.CrossEntropyLoss()
+        logdir = config.logdir or default_logdir()
+        loss = None  # no step at all when max_seconds ends the run before the first one
+        stopped = False
+        with tk.session(logdir=logdir) as s, _progress(config, rank) as bar:
+            tk.patch(optimizer)
+            loader = tk.patch(DataLoader(train, pin_memory=device.type == "cuda", **batching))
+            task = bar.add_task("training", total=config.epochs * len(loader))
+            deadline = time.monotonic() + config.max_seconds
+            for epoch in range(config.epochs):
+                if sampler is not None:
+                    sampler.set_epoch(epoch)
+                model.train()
+                for xb, yb in loader:
+                    stopped = time.monotonic() > deadline
+                    if ranks is not None:  # every rank stops at the same step
+                        stopped = ranks.any(stopped)
+                    if stopped:
+                        break
+                    with tk.profile_region("h2d"):
+                        xb, yb = tk.to_device((xb, yb), device)
+                    with tk.profile_region("forward"):
+                        loss = criterion(model(xb), yb)
+                    with tk.profile_region("backward"):
+                        loss.backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+                    s.log("loss", loss)
+                    bar.advance(task)
+                accuracy = _evaluate(net, val_batches(), config.val_size, device)
+                s.log("val/accuracy", accuracy)
+                if stopped:  # the epochs left would each evaluate the same model again
                     break
-                with tk.profile_region("h2d"):
-                    xb, yb = tk.to_device((xb, yb), device)
-                with tk.profile_region("forward"):
-                    loss = criterion(model(xb), yb)
-                with tk.profile_region("backward"):
-                    loss.backward()
-                optimizer.step()
-                optimizer.zero_grad()
-                s.log("loss", loss)
-                bar.advance(task)
-            accuracy = _evaluate(model, val_x, val_y, device, config.batch_size)
-            s.log("val/accuracy", accuracy)
-    step_ms, waits = _read_back(s.logdir, sorted(_event_files(s.logdir) - theirs))
-    median = statistics.median(step_ms) if step_ms else float("nan")
-    total = sum(step_ms)
-    return DemoResult(
-        logdir=s.logdir, steps=len(step_ms), median_step_ms=median,
-        samples_per_s=config.batch_size / (median / 1e3) if step_ms else float("nan"),
-        data_wait_share=(sum(waits) / total) if total else 0.0,
-        final_loss=math.nan if loss is None else float(loss.detach()), accuracy=accuracy)
+        # This session's own event file: a folder used before also holds earlier sessions'.
+        step_ms, waits = _read_back(s._recorder.writer.path)
+        median = statistics.median(step_ms) if step_ms else float("nan")
+        total = sum(step_ms)
+        result = DemoResult(
+            logdir=s.logdir, steps=len(step_ms), median_step_ms=median,
+            samples_per_s=config.batch_size / (median / 1e3) if step_ms else float("nan"),
+            data_wait_share=(sum(waits) / total) if total else 0.0,
+            final_loss=math.nan if loss is None else float(loss.detach()), accuracy=accuracy,
+            device=str(device))
+        if ranks is not None:
+            result = ranks.gather(result, s.root)
+        done = True
+        return result
+    finally:
+        if ranks is not None:
+            ranks.close(wait=done)
 
 
-def _evaluate(model: Any, x: Any, y: Any, device: Any, batch_size: int) -> float:
+class _Ranks:
+    """The demo under torchrun: a process group (gloo: the stop flag and the results), the
+    device (``cuda:<LOCAL_RANK>`` when every rank has a GPU of its own, else the CPU) and DDP."""
+
+    def __init__(self, dist: Any, group: Any, own: bool, device: Any) -> None:
+        import torch
+
+        self.dist, self.group, self.own, self.device = dist, group, own, device
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self._flag = torch.zeros(1, dtype=torch.int32)
+
+    @classmethod
+    def start(cls) -> "_Ranks":
+        import torch
+        import torch.distributed as dist
+
+        own = not dist.is_initialized()
+        if own:
+            dist.init_process_group("gloo")
+        group = None if own else dist.new_group(backend="gloo")
+        local = int(_env.get(_env.LOCAL_RANK) or 0)
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        ok = torch.tensor([int(local < gpus)])
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
+        if ok.item():
+            device = torch.device("cuda", local)
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+            if gpus and dist.get_rank() == 0:
+                print(f"trainkit demo: more processes on a machine than its {gpus} GPU(s): "
+                      f"training on the CPU; start at most one process per GPU (e.g. "
+                      f"torchrun --nproc_per_node {gpus}) to train on the GPUs", file=sys.stderr)
+        return cls(dist, group, own, device)
+
+    def wrap(self, model: Any) -> Any:
+        from torch.nn.parallel import DistributedDataParallel
+
+        if self.device.type != "cuda":
+            return DistributedDataParallel(model)
+        group = self.dist.new_group(backend="nccl") if self.own else None
+        return DistributedDataParallel(model, device_ids=[self.device.index], process_group=group)
+
+    def any(self, value: bool) -> bool:
+        """Whether ``value`` is true on any rank (every rank asks at the same point)."""
+        self._flag.fill_(int(value))
+        self.dist.all_reduce(self._flag, op=self.dist.ReduceOp.MAX, group=self.group)
+        return bool(self._flag.item())
+
+    def gather(self, mine: DemoResult, root: str) -> DemoResult:
+        """``mine`` with every rank's result (their runs: ``<root>/rank<N>``) in ``ranks``."""
+        import torch
+
+        fields = ("steps", "median_step_ms", "samples_per_s", "data_wait_share", "final_loss",
+                  "accuracy")
+        row = torch.tensor([float(getattr(mine, f)) for f in fields], dtype=torch.float64)
+        rows = [torch.empty_like(row) for _ in range(self.world)]
+        self.dist.all_gather(rows, row, group=self.group)
+        ranks = tuple(
+            dataclasses.replace(mine, logdir=os.path.join(root, f"rank{r}"), rank=r,
+                                **{f: (int(v) if f == "steps" else v)
+                                   for f, v in zip(fields, got.tolist())})
+            for r, got in enumerate(rows))
+        return dataclasses.replace(ranks[self.rank], ranks=ranks)
+
+    def close(self, wait: bool) -> None:
+        """Ends the process group the demo made; ``wait``: for every rank first (after an error
+        on this one, not: the others are inside another collective, and torchrun ends them)."""
+        if self.own and self.dist.is_initialized():
+            if wait:
+                self.dist.barrier(group=self.group)  # no rank tears gloo down while another talks
+            self.dist.destroy_process_group()
+
+
+def _evaluate(model: Any, batches: Any, n: int, device: Any) -> float:
     import torch
 
     import trainkit as tk
@@ -133,25 +324,18 @@ def _evaluate(model: Any, x: Any, y: Any, device: Any, batch_size: int) -> float
     model.eval()
     correct = 0
     with torch.no_grad(), tk.profile_region("validate"):
-        for i in range(0, len(x), batch_size):
-            xb, yb = tk.to_device((x[i:i + batch_size], y[i:i + batch_size]), device)
+        for x, y in batches:
+            xb, yb = tk.to_device((x, y), device)
             correct += (model(xb).argmax(dim=1) == yb).sum()
-    return float(correct) / len(x)  # one sync per epoch, outside the training step
+    return float(correct) / n  # one sync per epoch, outside the training step
 
 
-def _event_files(logdir: str) -> "set[str]":
-    try:
-        return {f for f in os.listdir(logdir) if "tfevents" in f}
-    except OSError:
-        return set()
-
-
-def _read_back(logdir: str, names: List[str]) -> "tuple[List[float], List[float]]":
-    """Step times and data waits as TensorBoard will show them: this session's event file, read
-    back (a folder used before also holds the earlier sessions', whose steps are not this run's)."""
+def _read_back(path: str) -> "tuple[List[float], List[float]]":
+    """Step times and data waits as TensorBoard will show them: the event file at ``path``, read
+    back (the folder may also hold earlier sessions' files, whose steps are not this run's)."""
     from .profiling.runs import read_scalars
 
-    got = read_scalars(logdir, names)
+    got = read_scalars(os.path.dirname(path), [os.path.basename(path)])
 
     def values(tag: str) -> List[float]:
         return [v for _, v in got.get(tag, [])]
@@ -173,8 +357,8 @@ class _NoBar:
         pass
 
 
-def _progress(config: DemoConfig) -> Any:
-    if not config.progress:
+def _progress(config: DemoConfig, rank: int = 0) -> Any:
+    if not config.progress or rank != 0:  # under torchrun, one bar: rank 0's
         return _NoBar()
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -185,17 +369,34 @@ def _progress(config: DemoConfig) -> Any:
 
 def summary_lines(result: DemoResult) -> Dict[str, str]:
     parent = os.path.dirname(result.logdir) or "."  # quoted: a path may hold spaces
+    if not result.ranks:
+        return {
+            "result": str(result),
+            "run": f"TensorBoard run: {result.logdir}",
+            "open": f"Open it: tensorboard --logdir {shlex.quote(parent)} "
+                    f"(then browse http://localhost:6006)",
+        }
+    runs = [r.logdir for r in result.ranks]
     return {
-        "result": str(result),
-        "run": f"TensorBoard run: {result.logdir}",
-        "open": f"Open it: tensorboard --logdir {shlex.quote(parent)} "
+        "result": "\n".join([f"{len(runs)} ranks, data-parallel (DDP) on "
+                             + ("a GPU each" if result.device.startswith("cuda") else "the CPU")
+                             + ", each on its share of the data:"]
+                            + [f"  rank {r.rank}: {r}" for r in result.ranks]),
+        "run": "TensorBoard runs, one per rank: " + (
+            ", ".join(runs) if len(runs) <= 4 else f"{runs[0]} ... {runs[-1]}"),
+        "open": f"Open them: tensorboard --logdir {shlex.quote(parent)} "
                 f"(then browse http://localhost:6006)",
     }
 
 
 def main(config: DemoConfig) -> int:
-    """Run the demo and print its summary; 1 when no optimizer step finished in time."""
+    """Run the demo and print its summary; 1 when no optimizer step finished in time.
+
+    Under torchrun rank 0 prints every rank's summary and the other ranks print nothing.
+    """
     result = run(config)
+    if result.rank not in (None, 0):
+        return 1 if any(r.steps == 0 for r in result.ranks) else 0
     if result.steps == 0:
         print(f"trainkit demo: no optimizer step finished within --max-seconds "
               f"{config.max_seconds:g}, so there is no step time to report (the run is in "
