@@ -760,3 +760,32 @@ def test_a_region_inside_compiled_code_leaves_the_graph_whole(tmp_path):
     got = scalars(tmp_path)
     assert "trainkit/region/inside_ms" not in got
     assert [st for st, _ in got["trainkit/region/outside_ms"]] == [1]
+
+
+def test_a_first_region_inside_compiled_code_recompiles_nothing(monkeypatch):
+    # The first region of a process met inside compiled code bound trainkit's flags there: a
+    # global rebound while dynamo traces, so the next call failed its guard and recompiled.
+    import torch._dynamo
+    from torch._dynamo.utils import guard_failures
+
+    from trainkit.profiling import regions
+
+    # As in a process where no region ran yet, and torch came after trainkit.
+    monkeypatch.setattr(regions, "_compiling", regions._compiling_first)
+    monkeypatch.setattr(regions, "_TC", types.SimpleNamespace(_initialized=False))
+    monkeypatch.setattr(regions, "_TAP", types.SimpleNamespace(_is_profiler_enabled=False))
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(8, 3)
+
+        def forward(self, x):
+            with tk.profile_region("fwd"):
+                return self.a(x).relu()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(Net(), backend="eager")
+    for _ in range(3):
+        compiled(torch.randn(4, 8))
+    assert dict(guard_failures) == {}

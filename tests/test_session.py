@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 
 import numpy as np
@@ -679,3 +680,79 @@ def test_log_inside_code_torch_compile_traces_records_each_value(tmp_path):
     got = scalars(tmp_path)["aux"]
     assert [st for st, _ in got] == [1, 2, 3, 4]
     assert got[0][1] == pytest.approx(first, rel=1e-6)
+
+
+class _LogsFiveKinds(torch.nn.Module):
+    """A forward that logs a tensor, a float, an int, an int tensor and a value at a step."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.a(x)
+        s = tk.active()
+        s.log("t", h.mean())
+        s.log("f", 2.5)
+        s.log("i", 3)
+        s.log("count", (h > 0).sum())
+        s.log("at", h.sum(), step=42)
+        return h
+
+
+def _dynamo_clean():
+    import torch._dynamo
+    from torch._dynamo.utils import counters, guard_failures
+
+    torch._dynamo.reset()
+    counters.clear()
+    return counters, guard_failures
+
+
+@pytest.mark.parametrize("log_frames", ["skipped_at_start", "compiled_once"])
+def test_log_in_compiled_code_recompiles_nothing_whatever_it_logs(tmp_path, monkeypatch,
+                                                                  log_frames):
+    # The graph break of s.log was inside log itself: its frame was compiled too, and one resume
+    # function in log, shared by every call site, recompiled for each kind of value and step
+    # logged (5 here; past recompile_limit, 8, dynamo warned and gave up on it). The break is now
+    # at each call site, and log's own frames run as they are: skipped by dynamo from the
+    # session's start, or (torch.compile first imported later, as here after a reset) from the
+    # first time dynamo compiles one.
+    import torch._dynamo.eval_frame
+
+    session_module = sys.modules["trainkit.session"]
+    counters, guard_failures = _dynamo_clean()
+    if log_frames == "compiled_once":  # the skip the session's start made was lost (a reset)
+        monkeypatch.setattr(session_module, "_log_frames_skipped", True, raising=False)
+        torch._dynamo.eval_frame.reset_code(session_module.Session.log.__code__)
+    else:
+        monkeypatch.setattr(session_module, "_log_frames_skipped", False, raising=False)
+    torch.manual_seed(0)
+    net = _LogsFiveKinds()
+    compiled = torch.compile(net, backend="eager")
+    xs = [torch.randn(4, 8) for _ in range(3)]
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        for x in xs:
+            compiled(x)
+    assert dict(guard_failures) == {}
+    breaks = counters["graph_break"]  # one at each call site, traced once
+    assert sum(n for reason, n in breaks.items() if "Session.log" in reason) == 5, breaks
+    if log_frames == "compiled_once":  # that path was taken: log's frame compiled, once
+        assert sum(n for r, n in breaks.items() if "_log_from_compiled_frame" in r) == 1, breaks
+    got = scalars(tmp_path)
+    with torch.no_grad():
+        means = [net.a(x).mean().item() for x in xs]
+    assert got["t"] == [(1, pytest.approx(sum(means) / 3, rel=1e-6))]  # one step: averaged
+    assert got["f"] == [(1, 2.5)] and got["i"] == [(1, 3.0)]
+    assert [st for st, _ in got["at"]] == [42] and len(got["count"]) == 1
+
+
+def test_log_in_a_fullgraph_compiled_forward_says_what_to_do(tmp_path):
+    # Under fullgraph=True the graph break is refused: the error named only torch's own
+    # torch.compiler.disable ("Remove the torch.compiler.disable call", reason: None), which the
+    # user never called. It now says it is trainkit's s.log, and what to do.
+    _dynamo_clean()
+    compiled = torch.compile(_LogsFiveKinds(), backend="eager", fullgraph=True)
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        with pytest.raises(Exception, match=r"trainkit: s.log .*fullgraph=True, return the value"):
+            compiled(torch.randn(4, 8))

@@ -40,6 +40,7 @@ class PatchedLoader:
         it = iter(self.source)
         now = timing.now
         regions.load_flags()
+        _S.skip_log_frames()  # a model compiled since the session started: before its first call
         tap = regions._TAP
         count = ItemsCounter()  # one per pass: it learns where this loader's items are
         patched = _patched.data  # the WeakSet's own set: empty when no optimizer is patched

@@ -13,6 +13,7 @@ import atexit
 import math
 import numbers
 import os
+import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional, Union
 
@@ -73,6 +74,10 @@ class Session:
         self.rank = rank
         self._pid = os.getpid()
         _tensor_type()  # binds _Tensor, which log() compares against without a call
+        skip_log_frames()  # torch.compile already in use (a model compiled before the session)
+        from .profiling import regions
+
+        regions.load_flags()  # before any compiled code reads them (a rebound global recompiles)
         sampler = None
         if system_metrics:
             from .sinks.system import SystemSampler
@@ -132,14 +137,15 @@ class Session:
         Tensors are not read here: a CPU tensor is read at once (no device to wait for), a CUDA
         tensor once the GPU has passed it, by the writer thread. Several values logged within one
         step (the micro-batches of an accumulation window) are averaged. In code that
-        ``torch.compile`` traces, it runs outside the graph (a graph break, as ``print``).
+        ``torch.compile`` traces, it runs outside the graph (a graph break at the call, as
+        ``print``; so under ``fullgraph=True`` it is refused: log the returned value outside).
 
         Example::
 
             s.log("loss", loss)
         """
-        if _compiling():  # called in code torch.compile traces (a compiled model's forward)
-            return _outside_graph()(self, name, value, step=step)
+        if _compiling():  # this frame compiled by dynamo: not skipped yet (skip_log_frames)
+            return _outside_graph()(self, name, value, step)
         if step is None and value.__class__ is _Tensor and name.__class__ is str \
                 and name in self._names and (not _cuda._initialized or not value.is_cuda):
             # The common call, s.log("loss", loss) on the CPU: reading the value is a memory read,
@@ -326,14 +332,73 @@ def _is_compiling_function(torch: Any) -> Callable[[], bool]:
             or getattr(torch.compiler, "is_compiling", None) or bool)
 
 
+#: Why ``s.log`` breaks a graph ``torch.compile`` traces: dynamo shows it in its graph-break
+#: reason, and in the error under ``fullgraph=True`` (where it would name only torch's own
+#: ``torch.compiler.disable``).
+_LOG_IN_GRAPH = ("trainkit: s.log reads its value on the host, outside the graph (as print() "
+                 "does): a graph break at the call; under fullgraph=True, return the value from "
+                 "the compiled function and log it outside")
+# Dynamo reads these attributes without importing anything here: a call of s.log in code it traces
+# is a graph break at the caller's call site (the caller's code resumes after it, a resume
+# function of its own per call site), never an inlined s.log.
+Session.log._torchdynamo_disable = True  # type: ignore[attr-defined]
+Session.log._torchdynamo_disable_msg = _LOG_IN_GRAPH  # type: ignore[attr-defined]
+_log_frames_skipped = False
+
+
+def skip_log_frames() -> None:
+    """Tell dynamo, once it is imported, to run ``Session.log`` and what it calls as they are.
+
+    After the graph break at its call site, ``s.log`` runs as a frame of its own, which dynamo
+    would compile too, and one resume function inside ``log`` shared by every call site would
+    recompile for each kind of value and step logged (``torch._dynamo.config.recompile_limit``
+    kinds at most). Cheap (a dict lookup) until torch._dynamo is imported; done at session start
+    and at each pass over a patched loader, and, for a model compiled later, at the first
+    compiled call (:func:`_outside_graph`).
+    """
+    global _log_frames_skipped
+    if _log_frames_skipped:
+        return
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is None:
+        return
+    _log_frames_skipped = True
+    _skip_recursively(eval_frame, Session.log.__code__)
+
+
+def _skip_recursively(eval_frame: Any, code: Any) -> None:
+    try:
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+        eval_frame.set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP,
+                                                                  FrameAction.SKIP))
+    except (ImportError, AttributeError, TypeError):  # a torch without it: a compiled s.log
+        pass  # frame logs through _outside_graph's disabled log
+
+
+def _log_from_compiled_frame(s: Session, name: str, value: Any, step: Optional[int]) -> None:
+    """What a ``log`` frame that dynamo compiled calls, outside its graph: its frames are skipped
+    from here on, and the value is logged."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is not None:
+        _skip_recursively(eval_frame, Session.log.__code__)
+    s.log(name, value, step=step)
+
+
 def _outside_graph() -> Any:
-    """``Session.log`` under ``torch.compiler.disable``: made at its first use, as torch.compile
-    traces (making it imports torch._dynamo, ~1 s, which a run that compiles has done already)."""
+    """:func:`_log_from_compiled_frame` under ``torch.compiler.disable``, for a ``log`` frame that
+    dynamo compiles because its frames were not skipped yet (a model first compiled after the
+    session started, or ``torch._dynamo.reset()``). Made at its first use (it imports
+    torch._dynamo, ~1 s, which a run that compiles has done already)."""
     global _log_outside_graph
     if _log_outside_graph is None:
         import torch
 
-        _log_outside_graph = torch.compiler.disable(Session.log)
+        try:
+            _log_outside_graph = torch.compiler.disable(_log_from_compiled_frame,
+                                                        reason=_LOG_IN_GRAPH)
+        except TypeError:  # a torch whose disable() takes no reason
+            _log_outside_graph = torch.compiler.disable(_log_from_compiled_frame)
     return _log_outside_graph
 
 

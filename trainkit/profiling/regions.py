@@ -10,6 +10,7 @@ import contextlib
 import functools
 import importlib
 import re
+import sys
 import types
 from typing import Any, Callable, Dict, List, Optional, TypeVar
 
@@ -59,13 +60,23 @@ _TC: Any = types.SimpleNamespace(_initialized=False)
 
 
 def _compiling_first() -> bool:
+    import torch
+
+    if _S._is_compiling_function(torch)():
+        # Called in code dynamo traces: nothing is bound here, as a global rebound while dynamo
+        # traces is a guard that fails at the next call (the compiled code would recompile).
+        return True
     load_flags()  # binds _compiling
-    return _compiling()
+    return False
 
 
 #: ``torch.compiler.is_dynamo_compiling``: True while torch.compile traces (a constant to it),
-#: so a region inside compiled code is left out of the graph rather than breaking it.
-_compiling: Callable[[], bool] = _compiling_first
+#: so a region inside compiled code is left out of the graph rather than breaking it. Bound at
+#: import when torch is imported already, else at the first call outside compiled code (or by a
+#: session's start): a first region met inside compiled code then binds nothing.
+_compiling: Callable[[], bool] = (
+    _S._is_compiling_function(sys.modules["torch"]) if "torch" in sys.modules
+    else _compiling_first)
 
 
 def load_flags() -> None:
