@@ -762,6 +762,41 @@ def test_a_region_inside_compiled_code_leaves_the_graph_whole(tmp_path):
     assert [st for st, _ in got["trainkit/region/outside_ms"]] == [1]
 
 
+def test_to_device_inside_compiled_code_copies_within_the_graph(tmp_path):
+    # tk.to_device in a compiled train step: a copy to another device (meta stands in for a GPU)
+    # recorded its time and bytes from inside the graph, which crashed dynamo ("deque mutated
+    # during iteration", the buffer the writer thread empties); on the way, perf_counter broke
+    # the graph three times, and the id() of each tensor was a guard that recompiled every batch.
+    # Traced, to_device is now the copies alone, the structure and aliasing kept.
+    import dataclasses
+
+    import torch._dynamo
+    from torch._dynamo.utils import counters, guard_failures
+
+    @dataclasses.dataclass
+    class Batch:
+        x: torch.Tensor
+        n: int = 3
+
+    def step(x, y):
+        out = tk.to_device({"pair": (x, y), "same": (x, x), "b": Batch(y), "k": [1, "s"]}, "meta")
+        return out
+
+    for fullgraph in (False, True):
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = torch.compile(step, backend="eager", fullgraph=fullgraph)
+        with tk.session(logdir=tmp_path / str(fullgraph), system_metrics=False):
+            for _ in range(3):
+                out = compiled(torch.randn(4, 8), torch.randn(4))
+        assert dict(counters["graph_break"]) == {} and dict(guard_failures) == {}
+        assert out["pair"][0].device.type == "meta" and out["pair"][0].shape == (4, 8)
+        assert out["same"][0] is out["same"][1]
+        assert type(out["b"]) is Batch and out["b"].x.device.type == "meta" and out["b"].n == 3
+        assert out["k"] == [1, "s"]
+        assert not [t for t in scalars(tmp_path / str(fullgraph)) if "h2d" in t]
+
+
 def test_a_first_region_inside_compiled_code_recompiles_nothing(monkeypatch):
     # The first region of a process met inside compiled code bound trainkit's flags there: a
     # global rebound while dynamo traces, so the next call failed its guard and recompiled.

@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..session import active as _active_session
 from .. import timing
+from ..profiling import regions
 from ..profiling.regions import profiler_enabled, record_function
 from ..recorder import H2D_BYTES, H2D_MS, H2D_PINNED_BYTES
 
@@ -44,14 +45,16 @@ def _move(obj: Any, device: Any, non_blocking: Optional[bool], acc: list) -> Any
     return _walk(obj, device, non_blocking, acc, {})
 
 
-def _walk(obj: Any, device: Any, non_blocking: Optional[bool], acc: list,
-          moved: Dict[int, Tuple[Any, Any]]) -> Any:
+def _walk(obj: Any, device: Any, non_blocking: Optional[bool], acc: Optional[list],
+          moved: Any) -> Any:
     import torch
 
     if isinstance(obj, torch.Tensor):
         here = obj.device
         if here == device or (device.index is None and here.type == device.type):
             return obj  # already there ("cuda" is resolved to the current device before)
+        if acc is None:  # in code dynamo traces (_move_traced)
+            return _copy_traced(obj, here, device, non_blocking, moved)
         seen = moved.get(id(obj))
         if seen is not None:  # the source is kept beside its copy: its id is not reused meanwhile
             return seen[1]
@@ -103,8 +106,31 @@ def _walk(obj: Any, device: Any, non_blocking: Optional[bool], acc: list,
     return obj  # ints, strings, None...: left as they are
 
 
-def _walk_dataclass(obj: Any, device: Any, non_blocking: Optional[bool], acc: list,
-                    moved: Dict[int, Tuple[Any, Any]]) -> Any:
+def _move_traced(obj: Any, device: Any, non_blocking: Optional[bool]) -> Any:
+    """``_move`` for code that ``torch.compile`` traces: the same structures moved, with ops
+    dynamo keeps in its graph. Nothing is counted or timed (the copies are part of the compiled
+    call), and a tensor met twice is found by identity, not by ``id()``, on which dynamo would
+    guard: every new batch would recompile."""
+    return _walk(obj, device, non_blocking, None, [])
+
+
+def _copy_traced(obj: Any, here: Any, device: Any, non_blocking: Optional[bool],
+                 moved: List[Tuple[Any, Any]]) -> Any:
+    for source, copied in moved:
+        if source is obj:
+            return copied
+    if non_blocking is None:
+        # Whether the source is pinned cannot be asked in a graph (is_pinned() breaks it). A
+        # host-to-GPU copy may always be asynchronous: from pageable memory CUDA stages it, and
+        # the call returns once the source was read. Other directions stay synchronous.
+        non_blocking = here.type == "cpu" and device.type == "cuda"
+    out = obj.to(device, non_blocking=non_blocking)
+    moved.append((obj, out))
+    return out
+
+
+def _walk_dataclass(obj: Any, device: Any, non_blocking: Optional[bool], acc: Optional[list],
+                    moved: Any) -> Any:
     """A shallow copy of the dataclass ``obj`` with its fields moved, or ``obj`` if none changed.
 
     A copy, not ``dataclasses.replace``: that would run ``__init__`` and ``__post_init__`` again
@@ -150,6 +176,11 @@ def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> 
     if non_blocking is not None and not isinstance(non_blocking, bool):
         raise TypeError(f"to_device(non_blocking={non_blocking!r}): must be True, False or None "
                         f"(None: asynchronous exactly when the source is pinned)")
+    if regions._compiling():
+        # In code torch.compile traces (a compiled train step): the copies are ops of its graph.
+        # Timing them would break the graph around every copy, and recording from inside it
+        # crashed dynamo (the buffer the writer thread empties); time the compiled call instead.
+        return _move_traced(obj, dev, non_blocking)
     if dev.type == "cuda":
         import torch
 
