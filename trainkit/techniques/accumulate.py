@@ -56,7 +56,7 @@ def _check(n: Any, optimizer: Any, model: Any, normalize: Any,
                          f"one of {', '.join(map(repr, _NORMALIZE))}; use 'items' with "
                          f"acc.add_items(k) to divide by tokens, e.g. normalize='items'")
     max_norm = check_clip(clip_grad_norm, f"accumulate({n}, optimizer, ...)")
-    dp.check_model(n, model, normalize)
+    dp.check_model(n, dp.unwrap_compiled(model), normalize)
     gate = getattr(optimizer_patch(optimizer), "gate", None)
     if isinstance(gate, Accumulator):
         raise ValueError(f"accumulate({n}, optimizer): this optimizer is already inside "
@@ -261,7 +261,7 @@ class Accumulator:
     def forward_pre_hook(self, module: Any, args: Any) -> None:
         # Decided at the forward, before backward: only the window's last micro-batch syncs.
         self._sync = self.micro_batches + 1 >= self.n
-        dp.set_sync(module, self._sync)
+        dp.set_sync(self.model, self._sync)  # the module torch.compile wrapped, if it is one
 
     def flush(self) -> None:
         """Step once for a partial last window (at least one micro-batch with gradients)."""
@@ -352,7 +352,8 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None, normalize: Normaliz
     Args:
         n: micro-batches per optimizer step (a positive int).
         optimizer: the optimizer; patched with :func:`trainkit.patch` if it is not already.
-        model: the model (the DDP-wrapped one, or the FSDP2 root given to ``fully_shard``), to
+        model: the model (the DDP-wrapped one, or the FSDP2 root given to ``fully_shard``; or
+            ``torch.compile`` of either), to
             skip gradient sync on non-boundary micro-batches; its ``zero_grad()`` is held inside
             a window too. Without it, call ``optimizer.zero_grad()``, not ``model.zero_grad()``,
             which would wipe the window's running sum.
@@ -371,7 +372,9 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None, normalize: Normaliz
     n, max_norm = _check(n, optimizer, model, normalize, clip_grad_norm)
     _patch_opt(optimizer)
     p = optimizer_patch(optimizer)
-    acc = Accumulator(n, optimizer, model, normalize, max_norm)
+    # The data-parallel model itself; the hook and the held zero_grad stay on what the loop
+    # calls (a torch.compile wrapper's hooks run outside its graph).
+    acc = Accumulator(n, optimizer, dp.unwrap_compiled(model), normalize, max_norm)
     prev_gate = p.gate
     hook = None
     own_zero_grad: Any = None
@@ -398,7 +401,7 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None, normalize: Normaliz
             p.gate = prev_gate
             if hook is not None:
                 hook.remove()
-                dp.set_sync(model, True)
+                dp.set_sync(acc.model, True)
                 if own_zero_grad is _NONE:
                     model.__dict__.pop("zero_grad", None)
                 else:

@@ -203,3 +203,16 @@ def set_sync(model: Any, sync: bool) -> None:
         model.set_requires_gradient_sync(sync)
     elif is_ddp(model):  # the flag its no_sync() context flips
         model.require_backward_grad_sync = sync
+
+
+def unwrap_compiled(model: Any) -> Any:
+    """The module ``torch.compile`` wrapped (an ``OptimizedModule``'s ``_orig_mod``), else
+    ``model``: ``torch.compile(DDP(model))``, the order torch recommends, is a DDP model whose
+    sync flag, process group and world size are the inner module's, not the wrapper's."""
+    import sys
+
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # no compiled model without it
+    wrapper = getattr(eval_frame, "OptimizedModule", None)
+    while wrapper is not None and isinstance(model, wrapper):
+        model = model._orig_mod
+    return model
