@@ -9,20 +9,28 @@ from typing import Any
 from . import _env
 
 
-def default_logdir() -> str:
-    """Where a session without ``logdir`` writes: ``runs/<time>_<host>``."""
-    # The layout torch.utils.tensorboard.SummaryWriter uses, so runs sort by time.
+def run_start_time() -> datetime.datetime:
+    """The time a default run folder is named after: now, or under torchrun the launcher's start.
+
+    Under torchrun every rank must pick the same folder (its own rank<N> inside): the launcher's
+    start time is one value for all the ranks of a machine, where each rank's own clock may cross
+    a second between them.
+    """
     when = datetime.datetime.now()
     if _env.rank() is not None:
-        # Under torchrun every rank must pick the same folder (its own rank<N> inside): the
-        # launcher's start time is one value for all the ranks of a machine, where each rank's
-        # own clock may cross a second between them.
         try:
             import psutil
 
             when = datetime.datetime.fromtimestamp(psutil.Process(os.getppid()).create_time())
         except Exception:  # no parent to ask (an orphan): the rank's own time
             pass
+    return when
+
+
+def default_logdir() -> str:
+    """Where a session without ``logdir`` writes: ``runs/<time>_<host>``."""
+    # The layout torch.utils.tensorboard.SummaryWriter uses, so runs sort by time.
+    when = run_start_time()
     return os.path.join("runs", f"{when.strftime('%b%d_%H-%M-%S')}_{socket.gethostname()}")
 
 

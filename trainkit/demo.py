@@ -11,7 +11,6 @@ replica per rank, each on its share of the data, and each rank's session writes 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import math
 import os
 import shlex
@@ -90,15 +89,9 @@ class DemoResult:
 def default_logdir() -> str:
     """``runs/demo-<date>-<time>``; under torchrun the launcher's start time, one folder for all
     the ranks of a machine (each rank's own clock may cross a second between them)."""
-    when = datetime.datetime.now()
-    if _env.rank() is not None:
-        try:
-            import psutil
+    from ._logdir import run_start_time
 
-            when = datetime.datetime.fromtimestamp(psutil.Process(os.getppid()).create_time())
-        except Exception:  # no parent to ask (an orphan): the rank's own time
-            pass
-    return os.path.join("runs", "demo-" + when.strftime("%Y%m%d-%H%M%S"))
+    return os.path.join("runs", "demo-" + run_start_time().strftime("%Y%m%d-%H%M%S"))
 
 
 def check_memory(config: DemoConfig) -> None:
