@@ -720,13 +720,14 @@ def test_log_in_compiled_code_recompiles_nothing_whatever_it_logs(tmp_path, monk
     # first time dynamo compiles one.
     import torch._dynamo.eval_frame
 
-    session_module = sys.modules["trainkit.session"]
+    from trainkit import _compiled
+
     counters, guard_failures = _dynamo_clean()
     if log_frames == "compiled_once":  # the skip the session's start made was lost (a reset)
-        monkeypatch.setattr(session_module, "_log_frames_skipped", True, raising=False)
-        torch._dynamo.eval_frame.reset_code(session_module.Session.log.__code__)
+        monkeypatch.setattr(_compiled, "_log_frames_skipped", True)
+        torch._dynamo.eval_frame.reset_code(sys.modules["trainkit.session"].Session.log.__code__)
     else:
-        monkeypatch.setattr(session_module, "_log_frames_skipped", False, raising=False)
+        monkeypatch.setattr(_compiled, "_log_frames_skipped", False)
     torch.manual_seed(0)
     net = _LogsFiveKinds()
     compiled = torch.compile(net, backend="eager")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Iterator
 
-from . import timing
+from . import _compiled, timing
 from .patch import _patched, stepped_elsewhere
 from .profiling import regions
 from .profiling.regions import record_function
@@ -40,7 +40,7 @@ class PatchedLoader:
         it = iter(self.source)
         now = timing.now
         regions.load_flags()
-        _S.skip_log_frames()  # a model compiled since the session started: before its first call
+        _compiled.skip_log_frames()  # a model compiled since the session started: before its first call
         tap = regions._TAP
         count = ItemsCounter()  # one per pass: it learns where this loader's items are
         patched = _patched.data  # the WeakSet's own set: empty when no optimizer is patched

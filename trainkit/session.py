@@ -13,11 +13,10 @@ import atexit
 import math
 import numbers
 import os
-import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from . import _env, _signals, timing
+from . import _compiled, _env, _signals, timing
 from ._logdir import check_logdir as _check_logdir, default_logdir as _default_logdir
 from ._logvalues import check_log_name, to_scalar
 from ._text import brief
@@ -74,7 +73,7 @@ class Session:
         self.rank = rank
         self._pid = os.getpid()
         _tensor_type()  # binds _Tensor, which log() compares against without a call
-        skip_log_frames()  # torch.compile already in use (a model compiled before the session)
+        _compiled.skip_log_frames()  # torch.compile already in use (a model compiled before the session)
         from .profiling import regions
 
         regions.load_flags()  # before any compiled code reads them (a rebound global recompiles)
@@ -145,7 +144,7 @@ class Session:
             s.log("loss", loss)
         """
         if _compiling():  # this frame compiled by dynamo: not skipped yet (skip_log_frames)
-            return _outside_graph()(self, name, value, step)
+            return _compiled.outside_graph()(self, name, value, step)
         if step is None and value.__class__ is _Tensor and name.__class__ is str \
                 and name in self._names and (not _cuda._initialized or not value.is_cuda):
             # The common call, s.log("loss", loss) on the CPU: reading the value is a memory read,
@@ -315,91 +314,17 @@ def _tensor_type() -> Any:
         # break): traced, its appends to the buffer the writer thread empties broke dynamo's
         # guards ("Guard failed on the same frame it was created"), and reading a value needs
         # the real tensor anyway.
-        _compiling = _is_compiling_function(torch)
+        _compiling = _compiled.is_compiling_function(torch)
     return _Tensor
 
 
-#: torch's "is dynamo tracing this" (:func:`_is_compiling_function`), bound with the tensor
-#: type (no session exists before).
+#: torch's "is dynamo tracing this" (:func:`trainkit._compiled.is_compiling_function`), bound
+#: with the tensor type (no session exists before).
 _compiling: Callable[[], bool] = bool
-_log_outside_graph: Any = None
 
-
-def _is_compiling_function(torch: Any) -> Callable[[], bool]:
-    """torch's "is dynamo tracing this" function, which dynamo takes for the constant True; the
-    cheapest one this torch has (``is_dynamo_compiling``: ~25 ns, ``is_compiling``: ~75 ns)."""
-    return (getattr(torch.compiler, "is_dynamo_compiling", None)
-            or getattr(torch.compiler, "is_compiling", None) or bool)
-
-
-#: Why ``s.log`` breaks a graph ``torch.compile`` traces: dynamo shows it in its graph-break
-#: reason, and in the error under ``fullgraph=True`` (where it would name only torch's own
-#: ``torch.compiler.disable``).
-_LOG_IN_GRAPH = ("trainkit: s.log reads its value on the host, outside the graph (as print() "
-                 "does): a graph break at the call; under fullgraph=True, return the value from "
-                 "the compiled function and log it outside")
-# Dynamo reads these attributes without importing anything here: a call of s.log in code it traces
-# is a graph break at the caller's call site (the caller's code resumes after it, a resume
-# function of its own per call site), never an inlined s.log.
-Session.log._torchdynamo_disable = True  # type: ignore[attr-defined]
-Session.log._torchdynamo_disable_msg = _LOG_IN_GRAPH  # type: ignore[attr-defined]
-_log_frames_skipped = False
-
-
-def skip_log_frames() -> None:
-    """Tell dynamo, once it is imported, to run ``Session.log`` and what it calls as they are.
-
-    After the graph break at its call site, ``s.log`` runs as a frame of its own, which dynamo
-    would compile too, and one resume function inside ``log`` shared by every call site would
-    recompile for each kind of value and step logged (``torch._dynamo.config.recompile_limit``
-    kinds at most). Cheap (a dict lookup) until torch._dynamo is imported; done at session start
-    and at each pass over a patched loader, and, for a model compiled later, at the first
-    compiled call (:func:`_outside_graph`).
-    """
-    global _log_frames_skipped
-    if _log_frames_skipped:
-        return
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    if eval_frame is None:
-        return
-    _log_frames_skipped = True
-    _skip_recursively(eval_frame, Session.log.__code__)
-
-
-def _skip_recursively(eval_frame: Any, code: Any) -> None:
-    try:
-        from torch._dynamo.types import FrameAction, FrameExecStrategy
-
-        eval_frame.set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP,
-                                                                  FrameAction.SKIP))
-    except (ImportError, AttributeError, TypeError):  # a torch without it: a compiled s.log
-        pass  # frame logs through _outside_graph's disabled log
-
-
-def _log_from_compiled_frame(s: Session, name: str, value: Any, step: Optional[int]) -> None:
-    """What a ``log`` frame that dynamo compiled calls, outside its graph: its frames are skipped
-    from here on, and the value is logged."""
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    if eval_frame is not None:
-        _skip_recursively(eval_frame, Session.log.__code__)
-    s.log(name, value, step=step)
-
-
-def _outside_graph() -> Any:
-    """:func:`_log_from_compiled_frame` under ``torch.compiler.disable``, for a ``log`` frame that
-    dynamo compiles because its frames were not skipped yet (a model first compiled after the
-    session started, or ``torch._dynamo.reset()``). Made at its first use (it imports
-    torch._dynamo, ~1 s, which a run that compiles has done already)."""
-    global _log_outside_graph
-    if _log_outside_graph is None:
-        import torch
-
-        try:
-            _log_outside_graph = torch.compiler.disable(_log_from_compiled_frame,
-                                                        reason=_LOG_IN_GRAPH)
-        except TypeError:  # a torch whose disable() takes no reason
-            _log_outside_graph = torch.compiler.disable(_log_from_compiled_frame)
-    return _log_outside_graph
+# A call of s.log in code dynamo traces is a graph break at the caller's call site (see
+# trainkit._compiled), never an inlined s.log.
+_compiled.never_traced(Session.log, _compiled.LOG_IN_GRAPH)
 
 
 def _check_profile(profile: Any) -> Any:

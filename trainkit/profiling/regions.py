@@ -14,7 +14,7 @@ import sys
 import types
 from typing import Any, Callable, Dict, List, Optional, TypeVar
 
-from .. import timing
+from .. import _compiled, timing
 from ..recorder import REGION
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -62,7 +62,7 @@ _TC: Any = types.SimpleNamespace(_initialized=False)
 def _compiling_first() -> bool:
     import torch
 
-    if _S._is_compiling_function(torch)():
+    if _compiled.is_compiling_function(torch)():
         # Called in code dynamo traces: nothing is bound here, as a global rebound while dynamo
         # traces is a guard that fails at the next call (the compiled code would recompile).
         return True
@@ -75,7 +75,7 @@ def _compiling_first() -> bool:
 #: import when torch is imported already, else at the first call outside compiled code (or by a
 #: session's start): a first region met inside compiled code then binds nothing.
 _compiling: Callable[[], bool] = (
-    _S._is_compiling_function(sys.modules["torch"]) if "torch" in sys.modules
+    _compiled.is_compiling_function(sys.modules["torch"]) if "torch" in sys.modules
     else _compiling_first)
 
 
@@ -88,7 +88,7 @@ def load_flags() -> None:
     import torch.autograd.profiler as tap
 
     _TAP = tap if hasattr(tap, "_is_profiler_enabled") else _ProfilerShim()
-    _compiling = _S._is_compiling_function(torch)
+    _compiling = _compiled.is_compiling_function(torch)
     _TC = torch.cuda
 
 
