@@ -92,7 +92,7 @@ def on_device(opt, index: int) -> None:
     p._cuda, p._device = True, index
 
 
-def train(model, opt, loader, steps_log=None) -> None:
+def train(model, opt, loader) -> None:
     for x, y in loader:
         with tk.profile_region("forward"):
             loss = torch.nn.functional.cross_entropy(model(x), y)

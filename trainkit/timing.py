@@ -39,9 +39,9 @@ def _bind() -> None:
 
 def _give_back(ev: Any) -> None:
     """Return a finished event to its device's pool."""
-    device = getattr(ev, "device", None)
-    if device is not None and device.index is not None:
-        _pools.setdefault(device.index, []).append(ev)
+    index = event_device(ev)
+    if index is not None:
+        _pools.setdefault(index, []).append(ev)
 
 
 def cuda_event(device: Optional[int] = None) -> Any:
