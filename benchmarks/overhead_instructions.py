@@ -2,8 +2,8 @@
 
 ``overhead.py`` times the loops, and on a shared machine its ratios drift by a few per cent, as
 much as the whole cost of trainkit on a 0.35 ms step. This script runs three of its loops on the
-tiny MLP 784-64-10 at batch 32 (``plain_loop``; ``floor_loop``, the same instrumentation made of C
-calls only; ``trainkit_loop``: session + patch(optimizer) + patch(loader) + 3 regions + ``s.log``)
+tiny MLP 784-64-10 at batch 32 (``plain_loop``; ``floor_loop``, the same instrumentation at its
+cheapest; ``trainkit_loop``: session + patch(optimizer) + patch(loader) + 3 regions + ``s.log``)
 under valgrind's callgrind, counting only the training thread and only the measured steps
 (callgrind's client requests, from a 3-line C helper built here with gcc), with its cache
 simulator set to this machine's L1 (32 KiB) and L2 (1 MiB, as the "LL" level). It prints, per
@@ -40,7 +40,7 @@ def child(variant: str, passes: int, helper: str) -> None:
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     # overhead.py's own loops (importing it also puts this checkout's trainkit on the path)
-    from overhead import floor_loop, make_batches, mlp, plain_loop, trainkit_loop
+    from overhead import Block, floor_loop, make_batches, mlp, plain_loop, trainkit_loop
     import torch
 
     import trainkit as tk
@@ -58,15 +58,14 @@ def child(variant: str, passes: int, helper: str) -> None:
     if variant == "plain":
         def one_pass() -> None:
             plain_loop(model, opt, crit, batches)
-    elif variant == "floor":  # overhead.py's reference: C calls only, no Python frame
-        import threading
+    elif variant == "floor":  # overhead.py's reference: the same recording at its cheapest
         import time
 
-        locks = (threading.Lock(), threading.Lock(), threading.Lock())
+        blocks = (Block(), Block(), Block())
         kept: list = []
 
         def one_pass() -> None:
-            floor_loop(model, opt, crit, batches, locks, time.perf_counter, torch.Tensor.item, kept)
+            floor_loop(model, opt, crit, batches, blocks, time.perf_counter, torch.Tensor.item, kept)
     else:
         tk.patch(opt)
         loader = tk.patch(batches)
