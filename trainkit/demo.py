@@ -17,15 +17,10 @@ import shlex
 import statistics
 import sys
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _env
 
-#: Up to this many images (training and validation together, 200 MB) are made up front, as
-#: ``synthetic_mnist`` makes them (the numbers the demo has always given); more are made a block
-#: at a time as the loader asks for them (``SyntheticMNIST``: the same kind of images, a few MB
-#: of memory whatever --train-size).
-EAGER_IMAGES = 65536
 #: Bytes an image of the batch takes in one training step of the demo CNN on a CPU: activations
 #: kept for the backward pass, their gradients and the batch (measured: ~330 KB), with room.
 STEP_BYTES_PER_IMAGE = 400_000
@@ -137,11 +132,12 @@ def run(config: DemoConfig) -> DemoResult:
         print(run(DemoConfig(epochs=1)))
     """
     import torch
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import DataLoader
 
     import trainkit as tk
 
-    from .workloads.mnist import BlockShuffle, SyntheticMNIST, simple_cnn, synthetic_mnist
+    from .workloads.demo_data import demo_data
+    from .workloads.mnist import simple_cnn
 
     check_memory(config)
     torch.manual_seed(config.seed)
@@ -151,33 +147,8 @@ def run(config: DemoConfig) -> DemoResult:
         device = ranks.device if ranks is not None else torch.device(
             "cuda" if torch.cuda.is_available() else "cpu")
         rank, world = (ranks.rank, ranks.world) if ranks is not None else (0, 1)
-        n = config.train_size + config.val_size
-        sampler: Any = None
-        if n <= EAGER_IMAGES:  # made up front, the numbers of the demo's first versions
-            x, y = synthetic_mnist(n, seed=config.seed)
-            train: Any = TensorDataset(x[:config.train_size], y[:config.train_size])
-            val_x, val_y = x[config.train_size:], y[config.train_size:]
-
-            def val_batches() -> Iterator[Any]:
-                for i in range(0, config.val_size, config.batch_size):
-                    yield val_x[i:i + config.batch_size], val_y[i:i + config.batch_size]
-
-            if ranks is not None:
-                from torch.utils.data.distributed import DistributedSampler
-
-                sampler = DistributedSampler(train, num_replicas=world, rank=rank, seed=config.seed)
-            batching: Dict[str, Any] = dict(batch_size=config.batch_size, shuffle=sampler is None,
-                                            sampler=sampler)
-        else:  # made a block at a time as the loader asks: memory stays a few MB
-            train = SyntheticMNIST(n, seed=config.seed)
-            sampler = BlockShuffle(config.train_size, config.batch_size, seed=config.seed,
-                                   rank=rank, world=world)
-
-            def val_batches() -> Iterator[Any]:
-                for i in range(config.train_size, n, config.batch_size):
-                    yield train[torch.arange(i, min(i + config.batch_size, n))]
-
-            batching = dict(batch_size=None, sampler=sampler)
+        data = demo_data(config.train_size, config.val_size, config.batch_size, seed=config.seed,
+                         rank=rank, world=world, distributed=ranks is not None)
         model = simple_cnn().to(device)
         net = model  # what is evaluated: the model itself, not its DDP wrapper
         if ranks is not None:
@@ -189,12 +160,13 @@ def run(config: DemoConfig) -> DemoResult:
         stopped = False
         with tk.session(logdir=logdir) as s, _progress(config, rank) as bar:
             tk.patch(optimizer)
-            loader = tk.patch(DataLoader(train, pin_memory=device.type == "cuda", **batching))
+            loader = tk.patch(DataLoader(data.train, pin_memory=device.type == "cuda",
+                                          **data.batching))
             task = bar.add_task("training", total=config.epochs * len(loader))
             deadline = time.monotonic() + config.max_seconds
             for epoch in range(config.epochs):
-                if sampler is not None:
-                    sampler.set_epoch(epoch)
+                if data.sampler is not None:
+                    data.sampler.set_epoch(epoch)
                 model.train()
                 for xb, yb in loader:
                     stopped = time.monotonic() > deadline
@@ -212,7 +184,7 @@ def run(config: DemoConfig) -> DemoResult:
                     optimizer.zero_grad()
                     s.log("loss", loss)
                     bar.advance(task)
-                accuracy = _evaluate(net, val_batches(), config.val_size, device)
+                accuracy = _evaluate(net, data.val_batches(), config.val_size, device)
                 s.log("val/accuracy", accuracy)
                 if stopped:  # the epochs left would each evaluate the same model again
                     break
