@@ -13,7 +13,7 @@ from . import _compiled, timing
 from .patch import _patched, stepped_elsewhere
 from .profiling import regions
 from .profiling.regions import record_function
-from .recorder import BATCH_REC
+from .recorder import BATCH_REC, GC_FULL, GC_MS
 from .techniques.transfer import ItemsCounter
 
 # The session module itself (``trainkit.session`` the attribute is the function ``tk.session``).
@@ -47,6 +47,11 @@ class PatchedLoader:
         tensor = count.tensor
         mine = 0  # the step of this pass's last batch (steps count from 1)
         n = None  # the items of this pass's last batch
+        # Batches are steps: when this pass's last batch was handed out, and the quickest body
+        # (hand-out to the next wait) of its earlier ones; they tell a loop left before any work
+        # on a batch from one left after it (see _left_unused).
+        handed = 0.0
+        quickest = _INF
         from torch import is_grad_enabled
 
         while True:
@@ -85,6 +90,8 @@ class PatchedLoader:
                 # already fed it; else this batch joins it (a loader zipped with another one).
                 if s._batch_pending and mine == s.step:
                     s._batch_pending = False
+                    if t0 - handed < quickest:
+                        quickest = t0 - handed
                     if regions._TC._initialized:
                         s.step_done(ev0 if ev0 is not None else timing.cuda_event(
                             timing.steps_device(s._cuda_device)))
@@ -100,19 +107,24 @@ class PatchedLoader:
                 s._buf.append((BATCH_REC, step, t0, t1, n))
                 if not patched or s._batches_are_steps:
                     s._batch_pending = True  # its step ends at the next wait, or the loop's end
+                    handed = t1
             try:
                 yield batch
             except GeneratorExit:  # the loop was left early (break, an exception)
                 s = _S._active
                 if s is not None:
-                    if s._batch_pending and mine == s.step:
-                        s.end_batch_step(now())
-                    elif mine == s.step and n:
-                        # Training, and no step since this batch: it was not trained on (a break
-                        # at the top of the loop, the unpaired batch of zip(long, short)). Its
-                        # items leave the step in progress, which the next pass's batch feeds;
-                        # its wait stays, as that step's wall time holds it.
-                        s._buf.append((BATCH_REC, mine, 0.0, 0.0, -n))
+                    if s._batch_pending and mine == s.step and not _left_unused(
+                            s, t0, now() - t1 < quickest * 0.5):
+                        s.end_batch_step(now())  # its body ran: its step ends where it was left
+                    elif mine == s.step:
+                        # No step since this batch (training), or batches are steps and no body
+                        # ran for it: it was not worked on (a break at the top of the loop, the
+                        # unpaired batch of zip(long, short)), and makes no step. Its items leave
+                        # the step in progress, which the next pass's batch feeds; its wait
+                        # stays, as that step's wall time holds it.
+                        s._batch_pending = False
+                        if n:
+                            s._buf.append((BATCH_REC, mine, 0.0, 0.0, -n))
                     s._batch_step = None
                 raise
 
@@ -126,6 +138,45 @@ class PatchedLoader:
 
     def __repr__(self) -> str:
         return f"trainkit.patch({self.source!r})"
+
+
+_INF = float("inf")
+_NO_WORK = (BATCH_REC, GC_MS, GC_FULL)  # records that no loop body made: waits, collections
+
+
+def _left_unused(s: Any, t0: float, quick: bool) -> bool:
+    """Batches are steps, and the loop is left while the step of the batch whose wait began at
+    ``t0`` is in progress: whether no loop body ran for that batch (it then makes no step).
+
+    From in here a break at the top of the body and one at its bottom look alike (the generator
+    is closed at the same ``yield``). What tells them apart:
+
+    - a patched loader's pass ended since the batch was handed out (``_batch_step`` is None): a
+      loader zipped with this one ran out, and zip's unpaired batch fed no body (an empty loop
+      nested in the body looks the same; rare);
+    - else nothing was recorded since (no region, ``s.log``, ``to_device`` copy), and the loop
+      was left ``quick`` (sooner than half the quickest earlier body of the pass; always, for a
+      pass's first batch): a break at the top, zip with a shorter plain iterable. The limit: a
+      body that records nothing and breaks after its work in that little time is taken for
+      unused (a region around its work makes it count); one that took an earlier body's time is
+      counted, which a break at the top of near-empty bodies (a loader timed alone) is too.
+    """
+    if s._batch_step is None:  # set by a pass's end (or a loop left) since this batch's hand-out
+        return True
+    if not quick:
+        return False
+    buf = s._buf
+    i = -1
+    try:
+        while True:  # from the newest record back to this batch's; the writer takes the oldest
+            rec = buf[i]
+            if rec[0] is BATCH_REC and rec[2] is t0:
+                return True
+            if rec[0] not in _NO_WORK or rec[1] != s.step:
+                return False
+            i -= 1
+    except IndexError:  # the writer has taken it: it ran meanwhile, so the body took a while
+        return False
 
 
 class SizedPatchedLoader(PatchedLoader):
