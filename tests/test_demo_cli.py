@@ -122,3 +122,33 @@ def test_under_torchrun_a_rerun_counts_its_own_steps(tmp_path, monkeypatch):
     import torch.distributed as dist
 
     assert not dist.is_initialized()  # the demo's process group is gone
+
+
+class _PublicOnly:
+    """A session seen through its public names only (no ``_recorder`` and the like)."""
+
+    def __init__(self, s):
+        self._s = s
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(f"the demo used the session's private {name!r}")
+        return getattr(self._s, name)
+
+    def __enter__(self):
+        self._s.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._s.__exit__(*exc)
+
+
+def test_the_demo_reads_its_run_back_through_the_public_api_only(tmp_path, monkeypatch):
+    """It found its own event file through s._recorder.writer.path. Rerun into the same folder,
+    it still counts only its own run's steps."""
+    import trainkit
+
+    real = trainkit.session
+    monkeypatch.setattr(trainkit, "session", lambda *a, **k: _PublicOnly(real(*a, **k)))
+    assert demo.run(tiny(tmp_path / "x")).steps == 2
+    assert demo.run(tiny(tmp_path / "x")).steps == 2

@@ -156,6 +156,9 @@ def run(config: DemoConfig) -> DemoResult:
         optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
         criterion = torch.nn.CrossEntropyLoss()
         logdir = config.logdir or default_logdir()
+        # The session writes <logdir>, or <logdir>/rank<N> under torchrun; the event files there
+        # now are earlier runs', and the one file new after the session is this run's.
+        earlier = _event_files(logdir if ranks is None else os.path.join(logdir, f"rank{rank}"))
         loss = None  # no step at all when max_seconds ends the run before the first one
         stopped = False
         with tk.session(logdir=logdir) as s, _progress(config, rank) as bar:
@@ -188,8 +191,7 @@ def run(config: DemoConfig) -> DemoResult:
                 s.log("val/accuracy", accuracy)
                 if stopped:  # the epochs left would each evaluate the same model again
                     break
-        # This session's own event file: a folder used before also holds earlier sessions'.
-        step_ms, waits = _read_back(s._recorder.writer.path)
+        step_ms, waits = _read_back(s.logdir, sorted(_event_files(s.logdir) - earlier))
         median = statistics.median(step_ms) if step_ms else float("nan")
         total = sum(step_ms)
         result = DemoResult(
@@ -295,12 +297,24 @@ def _evaluate(model: Any, batches: Any, n: int, device: Any) -> float:
     return float(correct) / n  # one sync per epoch, outside the training step
 
 
-def _read_back(path: str) -> "tuple[List[float], List[float]]":
-    """Step times and data waits as TensorBoard will show them: the event file at ``path``, read
-    back (the folder may also hold earlier sessions' files, whose steps are not this run's)."""
+def _event_files(folder: str) -> "set[str]":
+    """The names of the TensorBoard event files in ``folder``; none when it is not a folder yet
+    (or cannot be one: the session says why when it starts)."""
+    from .profiling.runs import EVENTS_MARK
+
+    try:
+        return {f for f in os.listdir(folder) if EVENTS_MARK in f}
+    except OSError:
+        return set()
+
+
+def _read_back(folder: str, names: List[str]) -> "tuple[List[float], List[float]]":
+    """Step times and data waits as TensorBoard will show them: the event files ``names`` in
+    ``folder``, read back (the folder may also hold earlier runs' files, whose steps are not
+    this run's)."""
     from .profiling.runs import read_scalars
 
-    got = read_scalars(os.path.dirname(path), [os.path.basename(path)])
+    got = read_scalars(folder, names)
 
     def values(tag: str) -> List[float]:
         return [v for _, v in got.get(tag, [])]
