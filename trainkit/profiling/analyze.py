@@ -2,7 +2,9 @@
 
 Each run under the logdir (the logdir itself, or ``rank<N>`` folders under torchrun) is read
 once: its ``trainkit/*`` scalars go through :mod:`.analyzers.records`, its traces through
-:mod:`.analyzers.traces`. A trace that cannot be read becomes a finding naming the file.
+:mod:`.analyzers.traces`. A trace that cannot be read becomes a finding naming the file. A folder
+holding several sessions (a script run again with the same logdir) is analyzed for its latest
+one, and a finding says so.
 """
 from __future__ import annotations
 
@@ -33,12 +35,17 @@ class RunReport:
     steps: int
     #: False for a folder of event files that trainkit did not write (and no traces)
     is_trainkit: bool = True
+    #: traces of the folder's earlier sessions, left out of the findings (see TA111)
+    earlier_traces: Tuple[str, ...] = ()
 
     def to_dict(self) -> Dict[str, Any]:
+        def names(paths: Tuple[str, ...]) -> List[str]:
+            return [os.path.basename(t) for t in paths]
+
         return {"run": self.run, "breakdown": self.breakdown, "steps": self.steps,
                 "trainkit": self.is_trainkit,
                 "findings": [f.to_dict() for f in self.findings],
-                "traces": [os.path.basename(t) for t in self.traces]}
+                "traces": names(self.traces), "earlier_traces": names(self.earlier_traces)}
 
 
 def _trace_findings(run: Run) -> Tuple[List[TraceStats], List[Finding]]:
@@ -78,9 +85,14 @@ def analyze_run(logdir: str, folder: str) -> RunReport:
     if not steps and not t.steps and not bad and run.is_trainkit:
         # Say so, rather than "no findings": a run with nothing to analyze is not a clean run.
         found.append(record_rules.no_steps(run))
+    sessions = record_rules.several_sessions(run)
+    if sessions is not None:
+        found.append(sessions)
     found.sort(key=sort_key)
     return RunReport(run=run.name, breakdown=record_rules.breakdown(run), findings=tuple(found),
-                     traces=run.traces, steps=steps, is_trainkit=run.is_trainkit or bool(run.traces))
+                     traces=run.traces, steps=steps,
+                     is_trainkit=run.is_trainkit or bool(run.traces or run.earlier_traces),
+                     earlier_traces=run.earlier_traces)
 
 
 def _check_logdir(logdir: Any) -> str:
@@ -100,7 +112,8 @@ def analyze(logdir: Union[str, "os.PathLike[str]"]) -> List[Finding]:
 
     Reads the session's TensorBoard records (data wait, copies, update time, recompiles, garbage
     collections) and its torch.profiler traces (host syncs, ``empty_cache``, idle GPU,
-    pageable copies). Each finding has its evidence, its share of step time and a fix.
+    pageable copies). Each finding has its evidence, its share of step time and a fix. A run
+    folder holding several sessions is analyzed for its latest one (TA111 names the others).
 
     Raises:
         ValueError: ``logdir`` is not a folder, or holds no trainkit run.

@@ -2,6 +2,13 @@
 
 A run is a folder holding trainkit's TensorBoard events (tags starting with ``trainkit/``) or
 torch.profiler traces (``*.pt.trace.json[.gz]``): a session's logdir, or ``<logdir>/rank<N>``.
+
+A script run again with the same logdir puts a second session into the folder: each session
+writes its own event file, with steps from 1 again. TensorBoard reads a run's files in name order
+(the name starts with the file's creation time); its default loader (the Rust data server) drops,
+at each point whose step does not increase, the points from that step on, so its Scalars tab
+shows the latest session (``--load_fast=false`` draws them one after the other). A run is read
+the same way: the latest session's records, and the traces written since it started.
 """
 from __future__ import annotations
 
@@ -9,6 +16,7 @@ import dataclasses
 import gzip
 import json
 import os
+import re
 import struct
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -30,8 +38,16 @@ class Run:
 
     name: str
     path: str
+    #: the latest session's scalars (a folder with several: see ``sessions``)
     scalars: Dict[str, List[Tuple[int, float]]]
+    #: the traces of the latest session (every trace, when the folder holds one session or none)
     traces: Tuple[str, ...]
+    #: the event files holding trainkit records, one per session, oldest first
+    sessions: Tuple[str, ...] = ()
+    #: when the latest session started (its first event's wall time), read with several sessions
+    started: Optional[float] = None
+    #: the traces written before the latest session started, left out of its analysis
+    earlier_traces: Tuple[str, ...] = ()
 
     def values(self, tag: str) -> Dict[int, float]:
         """``step -> value`` of one tag (the last value written for a step wins)."""
@@ -62,6 +78,45 @@ def find_runs(logdir: str) -> List[str]:
     return found
 
 
+# A summary value whose tag starts with "trainkit/", as protobuf writes it: the tag's field key
+# (0x0a), its length as a varint of one or two bytes, then the tag. Found without parsing (a run
+# of 200,000 steps is scanned in ~0.1 s and parsed in ~1.5 s).
+_TRAINKIT_TAG = re.compile(rb"\x0a(?:[\x09-\x7f]|[\x80-\xff][\x01-\x7f])"
+                           + re.escape(PREFIX.encode()))
+_OVERLAP = 16  # bytes scanned again from the last end: a tag's start may straddle it
+_CHUNK = 1 << 22
+
+
+def scan_trainkit_tag(path: str, start: int = 0) -> Tuple[int, bool]:
+    """Whether the event file ``path`` holds a ``trainkit/`` scalar, scanned from byte ``start``.
+
+    Returns ``(bytes scanned up to, found)``: a file that grew can be scanned again from there.
+    ``start`` beyond the file's size (a file written anew) scans it from its start.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    found = False
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        fh.seek(max(0, start - _OVERLAP) if size >= start else 0)
+        tail = b""
+        while not found:  # in chunks: a file of images may be gigabytes
+            chunk = fh.read(_CHUNK)
+            if not chunk:
+                break
+            found = _TRAINKIT_TAG.search(tail + chunk) is not None
+            tail = chunk[-_OVERLAP:]
+        return max(size, fh.tell()), found
+
+
+def _holds_trainkit_tag(path: str) -> bool:
+    try:
+        return scan_trainkit_tag(path)[1]
+    except OSError:  # gone meanwhile
+        return False
+
+
 _HEADER = struct.Struct("<QI")  # a record's payload length, and that length's masked CRC
 _CRC = struct.Struct("<I")
 
@@ -74,6 +129,10 @@ def event_records(path: str) -> Iterator[bytes]:
     """
     with open(path, "rb") as fh:
         data = fh.read()
+    return _records(data)
+
+
+def _records(data: bytes) -> Iterator[bytes]:
     pos, end = 0, len(data)
     while pos + _HEADER.size <= end:
         length, header_crc = _HEADER.unpack_from(data, pos)
@@ -122,11 +181,62 @@ def read_scalars(folder: str,
     return {tag: points for tag, points in out.items() if points}
 
 
+_FILE_TIME = re.compile(r"tfevents\.(\d+)\.")
+_TRACE_TIME = re.compile(r"\.(\d{10,})\.pt\.trace\.json(?:\.gz)?$")
+
+
+def session_start(path: str) -> Optional[float]:
+    """When the session writing the event file ``path`` started: its first event's wall time.
+
+    Falls back on the second in the file's name (``events.out.tfevents.<time>.<host>...``).
+    """
+    from google.protobuf.message import DecodeError
+    from tensorboard.compat.proto import event_pb2
+
+    try:
+        with open(path, "rb") as fh:
+            first = next(_records(fh.read(4096)), None)  # the file_version event, ~30 bytes
+        if first is not None:
+            wall = event_pb2.Event.FromString(first).wall_time
+            if wall > 0:
+                return wall
+    except (OSError, DecodeError):
+        pass
+    m = _FILE_TIME.search(os.path.basename(path))
+    return float(m.group(1)) if m else None
+
+
+def trace_time(path: str) -> float:
+    """When a trace was written: the time in torch.profiler's name for it
+    (``<worker>.<time_ns>.pt.trace.json``; milliseconds in older torch), else its mtime."""
+    m = _TRACE_TIME.search(os.path.basename(path))
+    if m:
+        return int(m.group(1)) / 10 ** (len(m.group(1)) - 10)  # seconds have 10 digits till 2286
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return 0.0
+
+
 def load_run(logdir: str, folder: str) -> Run:
-    """The run in ``folder`` (a folder :func:`find_runs` returned for ``logdir``)."""
+    """The run in ``folder`` (a folder :func:`find_runs` returned for ``logdir``).
+
+    With several sessions in the folder, the latest one's records and traces (see the module's
+    docstring); the earlier ones are named in ``sessions`` and ``earlier_traces``.
+    """
     name = os.path.relpath(folder, logdir)
-    traces = tuple(sorted(os.path.join(folder, f) for f in os.listdir(folder) if is_trace(f)))
-    return Run(name=name, path=folder, scalars=read_scalars(folder), traces=traces)
+    files = sorted(os.listdir(folder))  # TensorBoard's order: by name, which starts with the time
+    traces = [os.path.join(folder, f) for f in files if is_trace(f)]
+    sessions = tuple(f for f in files
+                     if EVENTS_MARK in f and _holds_trainkit_tag(os.path.join(folder, f)))
+    latest = list(sessions[-1:])
+    started = session_start(os.path.join(folder, latest[0])) if len(sessions) > 1 else None
+    earlier: List[str] = []
+    if started is not None:
+        earlier = [t for t in traces if trace_time(t) < started]
+        traces = [t for t in traces if t not in earlier]
+    return Run(name=name, path=folder, scalars=read_scalars(folder, latest), traces=tuple(traces),
+               sessions=sessions, started=started, earlier_traces=tuple(earlier))
 
 
 class TraceError(ValueError):
@@ -152,3 +262,4 @@ def read_trace(path: str) -> List[Dict[str, Any]]:
     if not isinstance(events, list):
         raise TraceError(f"{path}: no 'traceEvents' list: not a torch.profiler Chrome trace")
     return [e for e in events if isinstance(e, dict)]
+

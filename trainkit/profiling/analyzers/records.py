@@ -1,6 +1,7 @@
 """Findings from trainkit's own records (the ``trainkit/*`` TensorBoard scalars of a run)."""
 from __future__ import annotations
 
+import datetime
 import statistics
 from typing import Callable, Dict, List, Optional
 
@@ -175,6 +176,33 @@ def no_steps(run: Run) -> Finding:
             "optimizer.step() is a step), or for batch in tk.patch(loader) (each batch is a step "
             "when no optimizer steps), inside `with tk.session(...)`",
         severity="high", run=run.name)
+
+
+def several_sessions(run: Run) -> Optional[Finding]:
+    """TA111: more than one session wrote into the run's folder; only the latest is analyzed.
+
+    Each session writes its own event file and counts steps from 1, so the sessions' steps
+    cannot be told apart once mixed; TensorBoard's Scalars tab shows the latest one too.
+    """
+    n = len(run.sessions)
+    if n < 2:
+        return None
+    when = ("" if run.started is None else " started "
+            + datetime.datetime.fromtimestamp(run.started).strftime("%Y-%m-%d %H:%M:%S"))
+    traces = f" and {len(run.traces)} trace(s)" if run.traces else ""
+    left = f" and {len(run.earlier_traces)} trace(s)" if run.earlier_traces else ""
+    return Finding(
+        code="TA111", title="several sessions in one run folder",
+        evidence=f"{n} sessions wrote into {run.path!r} (a script run again with the same logdir: "
+                 f"each writes its own event file and counts steps from 1): these findings are "
+                 f"the latest one's, {run.sessions[-1]}{when}{traces}; the {n - 1} earlier "
+                 f"one(s){left} are left out. TensorBoard's Scalars tab shows the latest one too "
+                 f"(with --load_fast=false, all of them one after the other)",
+        share=None, count=n,
+        fix="give each run its own folder: tk.session(logdir='runs/exp2'), or tk.session() "
+            "for a new dated one under runs/; to compare with an earlier session, move its "
+            "event file (and its traces) into a folder of its own beside this one",
+        severity="low", run=run.name)
 
 
 def items_per_step(run: Run) -> Optional[float]:

@@ -89,17 +89,30 @@ async function openInPerfetto(url, title) {
   window.addEventListener('message', onMessage);
 }
 
-function traces(run, names) {
-  if (!names.length) return el('p', {class: 'muted'}, 'no traces: profile with tk.session(..., profile=tk.ProfileSchedule(wait=10, warmup=2, active=3))');
-  const list = el('ul', {id: 'traces'});
-  for (const name of names) {
-    const url = `./trace?run=${encodeURIComponent(run)}&file=${encodeURIComponent(name)}`;
-    list.append(el('li', {}, el('a', {href: url, download: name}, name),
-                   el('button', {onclick: () => openInPerfetto(url, name)}, 'open in Perfetto')));
+function traceItem(run, name) {
+  const url = `./trace?run=${encodeURIComponent(run)}&file=${encodeURIComponent(name)}`;
+  return el('li', {}, el('a', {href: url, download: name}, name),
+            el('button', {onclick: () => openInPerfetto(url, name)}, 'open in Perfetto'));
+}
+
+function traces(run, rep) {
+  const names = rep.traces, earlier = rep.earlier_traces || [];
+  const parts = [];
+  if (names.length) {
+    parts.push(el('ul', {id: 'traces'}, ...names.map((name) => traceItem(run, name))));
+  } else {
+    parts.push(el('p', {class: 'muted'}, 'no traces: profile with tk.session(..., profile=tk.ProfileSchedule(wait=10, warmup=2, active=3))'));
   }
-  return el('div', {}, list, el('p', {class: 'muted'},
-    `"open in Perfetto" opens ${PERFETTO} and hands it the trace from this page; or download it and use Perfetto's "Open trace file". ` +
-    'They also load in torch-tb-profiler (pip install ".[profiler-tab]" from the trainkit checkout).'));
+  if (earlier.length) {
+    parts.push(el('p', {class: 'muted'}, 'From earlier sessions in this folder (not analyzed, see TA111):'),
+               el('ul', {id: 'earlier-traces'}, ...earlier.map((name) => traceItem(run, name))));
+  }
+  if (names.length || earlier.length) {
+    parts.push(el('p', {class: 'muted'},
+      `"open in Perfetto" opens ${PERFETTO} and hands it the trace from this page; or download it and use Perfetto's "Open trace file". ` +
+      'They also load in torch-tb-profiler (pip install ".[profiler-tab]" from the trainkit checkout).'));
+  }
+  return el('div', {}, ...parts);
 }
 
 async function showRun(root, run) {
@@ -110,7 +123,7 @@ async function showRun(root, run) {
       el('h2', {}, `Step time breakdown (${rep.steps} steps)`), breakdown(rep.breakdown),
       el('h2', {}, 'Findings'), findings(rep.findings),
       el('h2', {}, 'Ablation'), ablation(rep.ablation),
-      el('h2', {}, 'Traces'), traces(run, rep.traces));
+      el('h2', {}, 'Traces'), traces(run, rep));
   } catch (err) {
     root.replaceChildren(el('p', {class: 'high'}, String(err)));
   }
