@@ -224,8 +224,16 @@ def test_a_healthy_gpu_trace_has_no_findings(tmp_path):
     assert tk.analyze(fixture_run(tmp_path, "gpu_healthy.pt.trace.json")) == []
 
 
+def age(path, seconds=3600):
+    """Make a file look as written ``seconds`` ago: an unreadable trace changed within the last
+    minute may still be being written, and is not called broken."""
+    t = time.time() - seconds
+    os.utime(path, (t, t))
+
+
 def test_a_truncated_trace_is_a_finding_naming_the_file(tmp_path):
     run = fixture_run(tmp_path, "truncated.pt.trace.json", "gpu_healthy.pt.trace.json")
+    age(os.path.join(run, "truncated.pt.trace.json"))
     (f,) = tk.analyze(run)
     assert f.code == "TA100" and "truncated.pt.trace.json" in f.evidence
     assert "Traceback" not in f.evidence and "JSONDecodeError" not in f.evidence
@@ -235,6 +243,7 @@ def test_findings_are_sorted_most_costly_first(tmp_path, logdir):
     train(logdir, steps=8, each_step=gc.collect)
     for name in ("gpu_syncs.pt.trace.json", "truncated.pt.trace.json"):
         shutil.copy(os.path.join(os.path.dirname(__file__), "fixtures", name), logdir)
+    age(os.path.join(logdir, "truncated.pt.trace.json"))
     found = tk.analyze(logdir)
     shares = [f.share for f in found if f.share is not None]
     assert shares == sorted(shares, reverse=True)

@@ -1,4 +1,4 @@
-"""What a run folder holds beyond one session: several sessions.
+"""What a run folder holds beyond one finished session: several sessions, a trace being written.
 
 The tab, ``trainkit analyze`` and ``tk.analyze`` read a folder the same way (``analyze_run``),
 so each case is checked through all three.
@@ -6,6 +6,7 @@ so each case is checked through all three.
 from __future__ import annotations
 
 import gc
+import gzip
 import os
 import shutil
 import time
@@ -116,3 +117,91 @@ def test_one_session_per_folder_is_unchanged(tmp_path):
     assert "TA111" not in codes(found) and [f.run for f in found] == ["a"]
     assert codes(found) == ["TA106"]
 
+
+# -- a trace still being written -----------------------------------------------------------------
+
+def half_written(folder, name="host_1.1795000000000000000.pt.trace.json"):
+    """The first half of a real trace, as torch.profiler leaves it mid-write."""
+    with open(os.path.join(FIXTURES, "gpu_healthy.pt.trace.json"), "rb") as fh:
+        data = fh.read()
+    if name.endswith(".gz"):
+        data = gzip.compress(data)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, name)
+    with open(path, "wb") as fh:
+        fh.write(data[:len(data) // 2])
+    return path, data
+
+
+def age(path, seconds):
+    t = time.time() - seconds
+    os.utime(path, (t, t))
+
+
+def test_a_trace_being_written_is_said_so_and_analyzed_once_complete(tmp_path, capsys):
+    run = str(tmp_path / "run")
+    train(run, steps=8)
+    path, data = half_written(run)
+    name = os.path.basename(path)
+
+    with pytest.warns(UserWarning, match=rf"trace '{name}' of run '\.' is still being written"):
+        assert tk.analyze(run) == []  # no TA100: not a broken file
+    rep = TabData(run).report(".")
+    assert rep["writing"] == [name] and rep["traces"] == [] and rep["findings"] == []
+    assert TabData(run).trace_path(".", name) is None  # no download of half a trace
+    assert main([run]) == 0
+    assert "is still being written" in capsys.readouterr().err
+
+    with open(path, "wb") as fh:
+        fh.write(data)  # complete now
+    rep = TabData(run).report(".")
+    assert rep["writing"] == [] and rep["traces"] == [name] and rep["findings"] == []
+
+
+@pytest.mark.parametrize("name", ["h_1.1795000000000000000.pt.trace.json",
+                                  "h_1.1795000000000000000.pt.trace.json.gz"])
+def test_only_a_trace_being_written_is_not_a_run_without_steps(tmp_path, name):
+    path, _ = half_written(str(tmp_path / "run"), name)
+    rep = analyze_run(str(tmp_path / "run"), str(tmp_path / "run"))
+    assert rep.writing == (path,) and rep.findings == ()  # no TA110 either
+
+
+def test_a_trace_unchanged_for_a_while_is_broken_for_good(tmp_path):
+    path, _ = half_written(str(tmp_path / "run"))
+    age(path, runs.WRITING_GRACE_S + 5)
+    (f,) = tk.analyze(tmp_path / "run")
+    assert f.code == "TA100" and os.path.basename(path) in f.evidence
+    rep = analyze_run(str(tmp_path / "run"), str(tmp_path / "run"))
+    assert rep.writing == () and rep.traces == (path,)
+
+
+def test_a_trace_still_growing_is_being_written_whatever_its_mtime(tmp_path, monkeypatch):
+    """A writer whose clock is behind this one's: the mtime looks old, but the file grows."""
+    from trainkit.profiling import analyze
+
+    path, data = half_written(str(tmp_path / "run"))
+    later = lambda: time.time() + 3600  # noqa: E731 - the mtime is an hour old to this clock
+    assert codes(analyze_run(str(tmp_path / "run"), str(tmp_path / "run"),
+                             clock=later).findings) == ["TA100"]
+
+    read = analyze.read_trace
+
+    def read_while_growing(p):
+        with open(p, "ab") as fh:
+            fh.write(data[len(data) // 2:len(data) // 2 + 100])
+        return read(p)
+
+    monkeypatch.setattr(analyze, "read_trace", read_while_growing)
+    rep = analyze_run(str(tmp_path / "run"), str(tmp_path / "run"), clock=later)
+    assert rep.writing == (path,) and rep.findings == ()
+
+
+def test_the_tab_does_not_keep_a_report_with_a_trace_being_written(tmp_path, monkeypatch):
+    """Unchanged past the grace period, the trace's files look the same as when the report said
+    "being written": a cached report would have said so for good."""
+    path, _ = half_written(str(tmp_path / "run"))
+    data = TabData(str(tmp_path))
+    assert data.report("run")["writing"] == [os.path.basename(path)]
+    monkeypatch.setattr(runs, "WRITING_GRACE_S", 0.0)  # the grace period is over
+    rep = data.report("run")
+    assert rep["writing"] == [] and [f["code"] for f in rep["findings"]] == ["TA100"]

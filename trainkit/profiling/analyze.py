@@ -2,20 +2,23 @@
 
 Each run under the logdir (the logdir itself, or ``rank<N>`` folders under torchrun) is read
 once: its ``trainkit/*`` scalars go through :mod:`.analyzers.records`, its traces through
-:mod:`.analyzers.traces`. A trace that cannot be read becomes a finding naming the file. A folder
-holding several sessions (a script run again with the same logdir) is analyzed for its latest
-one, and a finding says so.
+:mod:`.analyzers.traces`. A trace that cannot be read becomes a finding naming the file, unless
+torch.profiler may still be writing it (it changed within the last minute): such a trace is left
+out until it is complete, and said to be still being written. A folder holding several sessions
+(a script run again with the same logdir) is analyzed for its latest one, and a finding says so.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Dict, List, Tuple, Union
+import time
+import warnings
+from typing import Any, Callable, Dict, List, Tuple, Union
 
 from .analyzers import records as record_rules
 from .analyzers import traces as trace_rules
 from .finding import Finding, sort_key
-from .runs import Run, TraceError, find_runs, load_run, read_trace
+from .runs import Run, TraceError, being_written, find_runs, load_run, read_trace
 from .tracestats import TraceStats, summarize
 
 
@@ -35,6 +38,8 @@ class RunReport:
     steps: int
     #: False for a folder of event files that trainkit did not write (and no traces)
     is_trainkit: bool = True
+    #: traces torch.profiler may still be writing: left out of the findings until complete
+    writing: Tuple[str, ...] = ()
     #: traces of the folder's earlier sessions, left out of the findings (see TA111)
     earlier_traces: Tuple[str, ...] = ()
 
@@ -45,15 +50,23 @@ class RunReport:
         return {"run": self.run, "breakdown": self.breakdown, "steps": self.steps,
                 "trainkit": self.is_trainkit,
                 "findings": [f.to_dict() for f in self.findings],
-                "traces": names(self.traces), "earlier_traces": names(self.earlier_traces)}
+                "traces": names(self.traces), "writing": names(self.writing),
+                "earlier_traces": names(self.earlier_traces)}
 
 
-def _trace_findings(run: Run) -> Tuple[List[TraceStats], List[Finding]]:
-    stats, bad = [], []
+def _trace_findings(run: Run, now: float) -> Tuple[List[TraceStats], List[Finding], List[str]]:
+    stats, bad, writing = [], [], []
     for path in run.traces:
+        try:
+            before = os.stat(path)
+        except OSError:  # deleted since the folder was listed
+            continue
         try:
             stats.append(summarize(read_trace(path)))
         except TraceError as exc:
+            if being_written(path, before, now=now):  # half-written: not a broken file (yet)
+                writing.append(path)
+                continue
             bad.append(Finding(
                 code="TA100", title="unreadable trace",
                 evidence=f"{os.path.basename(path)} in run {run.name!r} cannot be read: "
@@ -62,14 +75,18 @@ def _trace_findings(run: Run) -> Tuple[List[TraceStats], List[Finding]]:
                 fix=f"delete {path} and profile again (a trace is written when a profiling "
                     f"cycle ends, or when the session closes during one)",
                 severity="low", run=run.name))
-    return stats, bad
+    return stats, bad, writing
 
 
-def analyze_run(logdir: str, folder: str) -> RunReport:
-    """Findings and step breakdown of the run in ``folder`` (named relative to ``logdir``)."""
+def analyze_run(logdir: str, folder: str, *,
+                clock: Callable[[], float] = time.time) -> RunReport:
+    """Findings and step breakdown of the run in ``folder`` (named relative to ``logdir``).
+
+    ``clock`` (wall time, as file mtimes are) tells a trace still being written from a broken one.
+    """
     run = load_run(logdir, folder)
     found = [dataclasses.replace(f, run=run.name) for f in record_rules.findings(run)]
-    stats, bad = _trace_findings(run)
+    stats, bad, writing = _trace_findings(run, clock())
     t = trace_rules.Traces(stats)
     if t.steps:
         codes = {f.code for f in found}
@@ -82,7 +99,7 @@ def analyze_run(logdir: str, folder: str) -> RunReport:
             found.append(dataclasses.replace(f, run=run.name))
     found.extend(bad)
     steps = len(record_rules.Steps(run))
-    if not steps and not t.steps and not bad and run.is_trainkit:
+    if not steps and not t.steps and not bad and not writing and run.is_trainkit:
         # Say so, rather than "no findings": a run with nothing to analyze is not a clean run.
         found.append(record_rules.no_steps(run))
     sessions = record_rules.several_sessions(run)
@@ -90,9 +107,9 @@ def analyze_run(logdir: str, folder: str) -> RunReport:
         found.append(sessions)
     found.sort(key=sort_key)
     return RunReport(run=run.name, breakdown=record_rules.breakdown(run), findings=tuple(found),
-                     traces=run.traces, steps=steps,
+                     traces=tuple(t for t in run.traces if t not in writing), steps=steps,
                      is_trainkit=run.is_trainkit or bool(run.traces or run.earlier_traces),
-                     earlier_traces=run.earlier_traces)
+                     writing=tuple(writing), earlier_traces=run.earlier_traces)
 
 
 def _check_logdir(logdir: Any) -> str:
@@ -113,7 +130,8 @@ def analyze(logdir: Union[str, "os.PathLike[str]"]) -> List[Finding]:
     Reads the session's TensorBoard records (data wait, copies, update time, recompiles, garbage
     collections) and its torch.profiler traces (host syncs, ``empty_cache``, idle GPU,
     pageable copies). Each finding has its evidence, its share of step time and a fix. A run
-    folder holding several sessions is analyzed for its latest one (TA111 names the others).
+    folder holding several sessions is analyzed for its latest one (TA111 names the others); a
+    trace torch.profiler is still writing is left out, with a ``UserWarning`` naming it.
 
     Raises:
         ValueError: ``logdir`` is not a folder, or holds no trainkit run.
@@ -132,6 +150,14 @@ def analyze(logdir: Union[str, "os.PathLike[str]"]) -> List[Finding]:
             f"analyze({path!r}): no trainkit run in {path!r}: no TensorBoard event file with "
             f"trainkit/ scalars and no *.pt.trace.json trace under it; record one with "
             f"tk.session(logdir={path!r}) around the training loop")
+    for r in reports:
+        for trace in r.writing:
+            warnings.warn(
+                f"analyze({path!r}): trace {os.path.basename(trace)!r} of run {r.run!r} is still "
+                f"being written (torch.profiler writes one as a profiling cycle ends): it is left "
+                f"out of the findings until it is complete; analyze again in a moment",
+                UserWarning,
+                stacklevel=2)
     found = [f for r in reports for f in r.findings]
     found.sort(key=sort_key)
     return found

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from typing import List, Optional, Sequence, TextIO
 
 from .finding import Finding
@@ -42,16 +43,26 @@ def render(findings: List[Finding]) -> str:
 
 def run(args: argparse.Namespace, *, out: Optional[TextIO] = None,
         err: Optional[TextIO] = None) -> int:
-    """Analyze ``args.logdir`` and print the findings; returns the exit status."""
+    """Analyze ``args.logdir`` and print the findings; returns the exit status.
+
+    What ``tk.analyze`` warns about (a trace still being written, left out) goes to ``err``.
+    """
     from .analyze import analyze
 
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
-    try:
-        found = analyze(args.logdir)
-    except (ValueError, TypeError) as exc:
-        print(f"trainkit analyze: {exc}", file=err)
-        return EXIT_USAGE
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        try:
+            found = analyze(args.logdir)
+        except (ValueError, TypeError) as exc:
+            print(f"trainkit analyze: {exc}", file=err)
+            return EXIT_USAGE
+    for w in caught:
+        if issubclass(w.category, UserWarning):
+            print(f"trainkit analyze: {w.message}", file=err)
+        else:  # not ours to reword: shown as Python would have shown it
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     if getattr(args, "json", False):
         out.write(json.dumps([f.to_dict() for f in found], indent=2) + "\n")
     else:

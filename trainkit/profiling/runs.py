@@ -263,3 +263,24 @@ def read_trace(path: str) -> List[Dict[str, Any]]:
         raise TraceError(f"{path}: no 'traceEvents' list: not a torch.profiler Chrome trace")
     return [e for e in events if isinstance(e, dict)]
 
+
+#: How long after its last change an unreadable trace may be one torch.profiler is still writing.
+#: Kineto writes the JSON as it goes (gzip too, after a temporary file), so the mtime moves until
+#: it ends; a large GPU trace takes seconds. Unreadable and unchanged for longer: broken for good.
+WRITING_GRACE_S = 60.0
+
+
+def being_written(path: str, before: os.stat_result, *, now: float) -> bool:
+    """Whether an unreadable trace may be one still being written, rather than a broken one.
+
+    ``before``: its ``os.stat`` from before it was read. True when it changed while it was read,
+    or last changed less than :data:`WRITING_GRACE_S` from ``now`` (this machine's clock; a
+    writer whose clock is further off than that is told by the growth alone).
+    """
+    try:
+        after = os.stat(path)
+    except OSError:  # deleted meanwhile: in flux, not broken
+        return True
+    if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+        return True  # still growing
+    return abs(now - after.st_mtime) < WRITING_GRACE_S

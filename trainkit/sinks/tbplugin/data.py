@@ -119,8 +119,11 @@ class TabData:
         for finding in out["findings"]:
             finding["run"] = name
         out["ablation"] = _ablation(folder)
-        with self._lock:
-            self._reports[name] = (sig, out)
+        # Not kept while a trace is being written: asked again, it may be complete, or, left
+        # unchanged past the grace period (the same signature), broken for good.
+        if not out["writing"]:
+            with self._lock:
+                self._reports[name] = (sig, out)
         return out
 
     def runs(self) -> List[str]:

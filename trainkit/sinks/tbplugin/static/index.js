@@ -96,10 +96,15 @@ function traceItem(run, name) {
 }
 
 function traces(run, rep) {
-  const names = rep.traces, earlier = rep.earlier_traces || [];
+  const names = rep.traces, writing = rep.writing || [], earlier = rep.earlier_traces || [];
   const parts = [];
-  if (names.length) {
-    parts.push(el('ul', {id: 'traces'}, ...names.map((name) => traceItem(run, name))));
+  if (names.length || writing.length) {
+    const list = el('ul', {id: 'traces'}, ...names.map((name) => traceItem(run, name)));
+    for (const name of writing) {
+      list.append(el('li', {class: 'writing'}, name, el('span', {class: 'muted'},
+        ' — still being written by torch.profiler; analyzed once complete (this page checks again every 5 s)')));
+    }
+    parts.push(list);
   } else {
     parts.push(el('p', {class: 'muted'}, 'no traces: profile with tk.session(..., profile=tk.ProfileSchedule(wait=10, warmup=2, active=3))'));
   }
@@ -115,17 +120,26 @@ function traces(run, rep) {
   return el('div', {}, ...parts);
 }
 
-async function showRun(root, run) {
-  root.replaceChildren(el('p', {class: 'muted'}, `loading ${run}…`));
+let shown = null;  // the run on screen: a re-check for a trace being written is for it only
+let recheck = null;
+
+async function showRun(root, run, quiet = false) {
+  shown = run;
+  clearTimeout(recheck);  // one re-check at a time, whichever run was picked last
+  if (!quiet) root.replaceChildren(el('p', {class: 'muted'}, `loading ${run}…`));
   try {
     const rep = await getJson(`./report?run=${encodeURIComponent(run)}`);
+    if (shown !== run) return;  // another run was picked meanwhile
     root.replaceChildren(
       el('h2', {}, `Step time breakdown (${rep.steps} steps)`), breakdown(rep.breakdown),
       el('h2', {}, 'Findings'), findings(rep.findings),
       el('h2', {}, 'Ablation'), ablation(rep.ablation),
       el('h2', {}, 'Traces'), traces(run, rep));
+    if ((rep.writing || []).length) {
+      recheck = setTimeout(() => { if (shown === run) showRun(root, run, true); }, 5000);
+    }
   } catch (err) {
-    root.replaceChildren(el('p', {class: 'high'}, String(err)));
+    if (shown === run) root.replaceChildren(el('p', {class: 'high'}, String(err)));
   }
 }
 
