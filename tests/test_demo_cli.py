@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from trainkit import cli, demo
 
 
@@ -83,7 +85,7 @@ def test_a_batch_that_cannot_fit_is_refused_before_anything_is_made(tmp_path, ca
 def test_epochs_after_max_seconds_are_not_run(tmp_path, monkeypatch):
     """Each epoch left after --max-seconds still fetched a batch and evaluated the model."""
     calls = []
-    monkeypatch.setattr(demo, "_evaluate", lambda *a: calls.append(1) or 0.5)
+    monkeypatch.setattr(demo, "_evaluate", lambda *a: calls.append(1) or (0.5, 64))
     result = demo.run(demo.DemoConfig(logdir=str(tmp_path / "x"), epochs=1000, train_size=128,
                                       val_size=64, batch_size=64, progress=False,
                                       max_seconds=1e-9))
@@ -152,3 +154,51 @@ def test_the_demo_reads_its_run_back_through_the_public_api_only(tmp_path, monke
     monkeypatch.setattr(trainkit, "session", lambda *a, **k: _PublicOnly(real(*a, **k)))
     assert demo.run(tiny(tmp_path / "x")).steps == 2
     assert demo.run(tiny(tmp_path / "x")).steps == 2
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("torchrun", [False, True])
+def test_a_huge_val_size_ends_at_max_seconds(tmp_path, monkeypatch, torchrun):
+    """val_size=10**9 (API only) validated on every image whatever max_seconds: hours. Validation
+    now ends at the deadline too, once it has seen VAL_AT_LEAST images, and says so; under
+    torchrun every rank stops at the same batch (one rank here: the all-reduce is run)."""
+    import time
+
+    if torchrun:
+        from tests.process._util import free_port
+
+        for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
+                            ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):
+            monkeypatch.setenv(name, value)
+    t0 = time.monotonic()
+    result = demo.run(demo.DemoConfig(logdir=str(tmp_path / "x"), epochs=3, train_size=128,
+                                      val_size=10 ** 9, batch_size=64, progress=False,
+                                      max_seconds=2))
+    assert time.monotonic() - t0 < 60
+    assert result.steps == 2  # one epoch: the deadline came in its validation
+    assert demo.VAL_AT_LEAST <= result.val_images < 10 ** 9 and 0 <= result.accuracy <= 1
+    assert str(result).endswith(f"% (the first {result.val_images:,} of 1,000,000,000 "
+                                "validation images: --max-seconds)")
+
+
+def test_a_validation_batch_that_cannot_fit_is_refused_before_anything_is_made(tmp_path):
+    """The memory check looked at the training batch only (min(batch_size, train_size)): with a
+    small train_size, a huge batch_size and val_size made validation batches of 10**7 images."""
+    config = demo.DemoConfig(logdir=str(tmp_path / "x"), train_size=128, val_size=10 ** 7,
+                             batch_size=10 ** 7, progress=False)
+    with pytest.raises(ValueError, match=r"^--batch-size 10000000: one validation batch "
+                                         r"\(val_size=10,000,000\) .* e\.g\. --batch-size \d+$"):
+        demo.check_memory(config)
+    with pytest.raises(ValueError, match="one validation batch"):
+        demo.run(config)
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_bad_val_size_is_named_with_its_fix():
+    """2**62 validation images were blamed on train_size; val_size=0 pointed to a --val-size
+    flag the CLI does not have."""
+    with pytest.raises(ValueError, match=r"^demo val_size=4611686018427387904: at most 2\*\*62 "
+                                         r"images, .* e\.g\. DemoConfig\(val_size=2048\)$"):
+        demo.DemoConfig(val_size=2 ** 62)
+    with pytest.raises(ValueError, match=r"^demo val_size=0: .* e\.g\. DemoConfig\(val_size=2048\)$"):
+        demo.DemoConfig(val_size=0)

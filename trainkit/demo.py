@@ -17,13 +17,18 @@ import shlex
 import statistics
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _env
 
 #: Bytes an image of the batch takes in one training step of the demo CNN on a CPU: activations
 #: kept for the backward pass, their gradients and the batch (measured: ~330 KB), with room.
 STEP_BYTES_PER_IMAGE = 400_000
+#: Bytes an image of a validation batch takes (no gradients: measured ~200 KB), with room.
+EVAL_BYTES_PER_IMAGE = 250_000
+#: Validation ends at --max-seconds like training, but not before this many images (the default
+#: val_size, well under a second): an accuracy over fewer would be noise.
+VAL_AT_LEAST = 2048
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +50,8 @@ class DemoConfig:
         for name in ("epochs", "train_size", "val_size", "batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"demo {name}={value!r}: must be a positive int, e.g. --{name.replace('_', '-')} 2")
+                fix = "DemoConfig(val_size=2048)" if name == "val_size" else f"--{name.replace('_', '-')} 2"
+                raise ValueError(f"demo {name}={value!r}: must be a positive int, e.g. {fix}")
         if not self.max_seconds > 0:
             raise ValueError(f"demo max_seconds={self.max_seconds!r}: must be > 0, e.g. --max-seconds 50")
         if not self.lr > 0:
@@ -53,8 +59,11 @@ class DemoConfig:
         from .workloads.mnist import MAX_IMAGES
 
         if self.train_size + self.val_size > MAX_IMAGES:
-            raise ValueError(f"demo train_size={self.train_size!r}: at most 2**62 images with "
-                             f"the validation ones, e.g. --train-size 6400")
+            name, value, fix = (("val_size", self.val_size, "DemoConfig(val_size=2048)")
+                                if self.val_size > self.train_size else
+                                ("train_size", self.train_size, "--train-size 6400"))
+            raise ValueError(f"demo {name}={value!r}: at most 2**62 images, training and "
+                             f"validation ones together, e.g. {fix}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,13 +81,18 @@ class DemoResult:
     rank: Optional[int] = None
     ranks: Tuple["DemoResult", ...] = ()
     device: str = ""
+    #: the images the accuracy is over: fewer than ``val_size`` when --max-seconds ended it
+    val_images: int = 0
+    val_size: int = 0
 
     def __str__(self) -> str:
         plural = "" if self.steps == 1 else "s"
         return (f"{self.steps} optimizer step{plural}, median step {self.median_step_ms:.2f} ms, "
                 f"{self.samples_per_s:,.0f} samples/s, data wait {100 * self.data_wait_share:.1f}% "
                 f"of step time; final loss {self.final_loss:.3f}, validation accuracy "
-                f"{100 * self.accuracy:.1f}%")
+                f"{100 * self.accuracy:.1f}%" + (
+                    f" (the first {self.val_images:,} of {self.val_size:,} validation images: "
+                    f"--max-seconds)" if 0 < self.val_images < self.val_size else ""))
 
 
 def default_logdir() -> str:
@@ -90,16 +104,20 @@ def default_logdir() -> str:
 
 
 def check_memory(config: DemoConfig) -> None:
-    """A ValueError naming --batch-size when one training step plainly cannot fit in memory.
+    """A ValueError naming --batch-size when one training step, or one validation batch, plainly
+    cannot fit in memory.
 
     Called before anything is made or written; the data itself never is the problem (a big
-    --train-size is made a block at a time). Example:: check_memory(DemoConfig(batch_size=64))
+    train_size or val_size is made a block at a time). Example::
+
+        check_memory(DemoConfig(batch_size=64))
     """
     import torch
 
     world = int(_env.get(_env.WORLD_SIZE) or 1) if _env.rank() is not None else 1
     batch = min(config.batch_size, -(-config.train_size // world))
-    need = batch * STEP_BYTES_PER_IMAGE
+    val_batch = min(config.batch_size, config.val_size)  # each rank validates on all of them
+    need = max(batch * STEP_BYTES_PER_IMAGE, val_batch * EVAL_BYTES_PER_IMAGE)
     if need < 2 ** 30:  # nothing to ask
         return
     if torch.cuda.is_available():
@@ -115,10 +133,14 @@ def check_memory(config: DemoConfig) -> None:
     fits = 1
     while fits * 2 * STEP_BYTES_PER_IMAGE * 2 <= free:  # a power of two, half the memory
         fits *= 2
+    what, images, each = ("one training step", batch, STEP_BYTES_PER_IMAGE)
+    if val_batch * EVAL_BYTES_PER_IMAGE > batch * STEP_BYTES_PER_IMAGE:
+        what, images, each = (f"one validation batch (val_size={config.val_size:,})", val_batch,
+                              EVAL_BYTES_PER_IMAGE)
     raise ValueError(
-        f"--batch-size {config.batch_size}: one training step of the demo CNN on {batch:,} images "
-        f"needs about {need / 1e9:,.1f} GB ({STEP_BYTES_PER_IMAGE // 1000} KB an image), more than "
-        f"the {free / 1e9:,.1f} GB {where}; use a smaller batch, e.g. --batch-size {fits}")
+        f"--batch-size {config.batch_size}: {what} of the demo CNN on {images:,} images needs "
+        f"about {need / 1e9:,.1f} GB ({each // 1000} KB an image), more than the "
+        f"{free / 1e9:,.1f} GB {where}; use a smaller batch, e.g. --batch-size {fits}")
 
 
 def run(config: DemoConfig) -> DemoResult:
@@ -168,6 +190,13 @@ def run(config: DemoConfig) -> DemoResult:
                                           **data.batching))
             task = bar.add_task("training", total=config.epochs * len(loader))
             deadline = time.monotonic() + config.max_seconds
+
+            def val_over(seen: int) -> bool:  # at the deadline, once VAL_AT_LEAST are seen
+                if seen < min(VAL_AT_LEAST, config.val_size):  # the same on every rank
+                    return False
+                over = time.monotonic() > deadline
+                return ranks.any(over) if ranks is not None else over
+
             for epoch in range(config.epochs):
                 if data.sampler is not None:
                     data.sampler.set_epoch(epoch)
@@ -188,8 +217,9 @@ def run(config: DemoConfig) -> DemoResult:
                     optimizer.zero_grad()
                     s.log("loss", loss)
                     bar.advance(task)
-                accuracy = _evaluate(net, data.val_batches(), config.val_size, device)
+                accuracy, val_images = _evaluate(net, data.val_batches(), device, val_over)
                 s.log("val/accuracy", accuracy)
+                stopped = stopped or val_images < config.val_size
                 if stopped:  # the epochs left would each evaluate the same model again
                     break
         step_ms, waits = _read_back(s.logdir, sorted(_event_files(s.logdir) - earlier))
@@ -200,6 +230,7 @@ def run(config: DemoConfig) -> DemoResult:
             samples_per_s=config.batch_size / (median / 1e3) if step_ms else float("nan"),
             data_wait_share=(sum(waits) / total) if total else 0.0,
             final_loss=math.nan if loss is None else float(loss.detach()), accuracy=accuracy,
+            val_images=val_images, val_size=config.val_size,
             device=str(device))
         if ranks is not None:
             result = ranks.gather(result, s.root)
@@ -210,18 +241,24 @@ def run(config: DemoConfig) -> DemoResult:
             ranks.close(wait=done)
 
 
-def _evaluate(model: Any, batches: Any, n: int, device: Any) -> float:
+def _evaluate(model: Any, batches: Any, device: Any,
+              over: Callable[[int], bool]) -> Tuple[float, int]:
+    """The accuracy over the validation batches and the images it is over: ``over(images so
+    far)`` ends it early (at --max-seconds, like training: a huge val_size is no longer run)."""
     import torch
 
     import trainkit as tk
 
     model.eval()
-    correct = 0
+    correct = seen = 0
     with torch.no_grad(), tk.profile_region("validate"):
         for x, y in batches:
+            if over(seen):
+                break
             xb, yb = tk.to_device((x, y), device)
             correct += (model(xb).argmax(dim=1) == yb).sum()
-    return float(correct) / n  # one sync per epoch, outside the training step
+            seen += len(y)
+    return float(correct) / seen, seen  # one sync per epoch, outside the training step
 
 
 def _event_files(folder: str) -> "set[str]":

@@ -67,13 +67,13 @@ class Ranks:
         import torch
 
         fields = ("steps", "median_step_ms", "samples_per_s", "data_wait_share", "final_loss",
-                  "accuracy")
+                  "accuracy", "val_images")
         row = torch.tensor([float(getattr(mine, f)) for f in fields], dtype=torch.float64)
         rows = [torch.empty_like(row) for _ in range(self.world)]
         self.dist.all_gather(rows, row, group=self.group)
         ranks = tuple(
             dataclasses.replace(mine, logdir=os.path.join(root, f"rank{r}"), rank=r,
-                                **{f: (int(v) if f == "steps" else v)
+                                **{f: (int(v) if f in ("steps", "val_images") else v)
                                    for f, v in zip(fields, got.tolist())})
             for r, got in enumerate(rows))
         return dataclasses.replace(ranks[self.rank], ranks=ranks)
