@@ -7,9 +7,13 @@ Each subcommand's module is imported only when that subcommand runs, so ``traink
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
 import sys
 from typing import Callable, Dict, List, Optional, Tuple
+
+from . import _usage
 
 # name -> (module with add_arguments(parser) and run(args) -> int, one-line help)
 _SUBCOMMANDS: Dict[str, Tuple[str, str]] = {
@@ -43,8 +47,7 @@ def _demo_run(args: argparse.Namespace) -> int:
                                  progress=not args.no_progress)
         demo.check_memory(config)  # a --batch-size that cannot fit: said before anything is made
     except ValueError as exc:
-        print(f"trainkit demo: {exc}", file=sys.stderr)
-        return 2
+        return _usage.leave(f"trainkit demo: {exc}\n")
     from .session import _check_logdir
 
     try:  # a bad folder is refused here, not after a traceback
@@ -52,8 +55,7 @@ def _demo_run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         hint = "" if args.logdir is not None else (
             " (the default run folder, under the current directory: choose another with --logdir DIR)")
-        print(f"trainkit demo: {exc}{hint}", file=sys.stderr)
-        return 2
+        return _usage.leave(f"trainkit demo: {exc}{hint}\n")
     return demo.main(config)
 
 
@@ -90,7 +92,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in _SUBCOMMANDS else None)
-    args = parser.parse_args(argv)
+    said = io.StringIO()  # on a quiet rank, what argparse says (its usage error, --help)
+    quiet = contextlib.ExitStack()
+    if _usage.quiet_rank():  # the first rank says it (argparse prints it)
+        quiet.enter_context(contextlib.redirect_stdout(said))
+        quiet.enter_context(contextlib.redirect_stderr(said))
+    try:
+        with quiet:
+            args = parser.parse_args(argv)
+    except SystemExit as exc:
+        if exc.code == 2 and _usage.ranked():  # said once under torchrun, every rank exits 2
+            return _usage.leave(said.getvalue())
+        raise
     if args.command is None:
         parser.print_help()
         return 2

@@ -53,3 +53,86 @@ def test_two_ranks_on_made_as_used_data_stop_together(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     steps = re.findall(r"^  rank \d: (\d+) optimizer steps?", proc.stdout, re.M)
     assert len(steps) == 2 and steps[0] == steps[1] and int(steps[0]) > 0, proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("bad,said", [
+    (["--epochs", "0"], "trainkit demo: demo epochs=0: must be a positive int, e.g. --epochs 2\n"),
+    (["--epochs", "x"], "trainkit demo: error: argument --epochs: invalid int value: 'x'\n"),
+])
+def test_a_usage_error_is_said_once_and_every_rank_exits_2(tmp_path, bad, said):
+    """Each rank printed it (argparse's usage too), and a rank torchrun ended once another had
+    exited could exit -15. Now the first rank says it, and every rank exits 2."""
+    proc = _torchrun_demo(tmp_path / "demo", *bad)
+    assert proc.returncode != 0
+    assert proc.stderr.count(said) == 1, proc.stderr[-5000:]
+    assert proc.stderr.count("usage: trainkit demo") == (1 if bad[1] == "x" else 0)
+    codes = re.findall(r"^\s+exitcode\s+: (-?\d+)", proc.stderr, re.M)  # torchrun's summary
+    assert codes == ["2", "2"], proc.stderr[-5000:]
+    assert not (tmp_path / "demo").exists()
+
+
+def _rank(monkeypatch, rank, store_port=None):
+    for name, value in (("RANK", str(rank)), ("WORLD_SIZE", "2"), ("LOCAL_RANK", str(rank))):
+        monkeypatch.setenv(name, value)
+    for name in ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    if store_port is not None:
+        monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(store_port))
+
+
+def test_a_rank_that_is_not_first_says_no_usage_error(monkeypatch, capsys):
+    """Without torchrun's store (another launcher, which ends no rank): the others exit 2 at
+    once and silently; before, each printed the error (argparse: its usage too)."""
+    from trainkit import cli
+
+    _rank(monkeypatch, 1)
+    assert cli.main(["demo", "--epochs", "0"]) == 2
+    assert cli.main(["demo", "--epochs", "x"]) == 2
+    assert capsys.readouterr() == ("", "")
+    _rank(monkeypatch, 0)
+    assert cli.main(["demo", "--epochs", "0"]) == 2
+    assert capsys.readouterr().err == "trainkit demo: demo epochs=0: must be a positive int, e.g. --epochs 2\n"
+
+
+def test_ranks_meet_in_torchruns_store_and_one_not_met_says_it_itself(monkeypatch, capsys):
+    """In torchrun's store a rank checks in and leaves (os._exit(2)) once every rank has: the
+    first rank says the error once; a rank the others never meet (an error of its own) says
+    it itself after USAGE_WAIT."""
+    import datetime
+    import os
+    import signal
+
+    from torch.distributed import TCPStore
+
+    from trainkit import _usage, cli
+
+    said = "trainkit demo: demo epochs=0: must be a positive int, e.g. --epochs 2\n"
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                     timeout=datetime.timedelta(seconds=30))
+
+    def exit_(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", exit_)
+    monkeypatch.setattr(_usage, "USAGE_WAIT", 0.3)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        for rank, out in ((1, said), (0, said)):  # alone: the other rank never checks in
+            _rank(monkeypatch, rank, port)
+            monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(rank))  # a key of its own
+            with pytest.raises(SystemExit) as exc:
+                cli.main(["demo", "--epochs", "0"])
+            assert exc.value.code == 2 and capsys.readouterr().err == out
+        store.add("trainkit/usage_error/7", 1)  # the other rank has checked in: rank 1 is quiet
+        _rank(monkeypatch, 1, port)
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "7")
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["demo", "--epochs", "x"])
+        assert exc.value.code == 2 and capsys.readouterr() == ("", "")
+    finally:
+        signal.signal(signal.SIGTERM, before)

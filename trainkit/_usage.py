@@ -1,0 +1,90 @@
+"""Bad usage under torchrun: said once, and every rank exits 2.
+
+Every rank parses the same command line, so each meets the same usage error. Said by each, it
+was printed once per rank. Said by one rank while the others exit at once, it could be lost:
+torchrun ends the other ranks (SIGTERM) as soon as one exits, the one meant to say it included,
+and a rank it ends exits -15, not 2. So the machine's first rank says it at once, and the ranks
+meet in the key-value store torchrun's agent serves them (``MASTER_ADDR:MASTER_PORT``): each
+checks in with SIGTERM caught (exit 2), and none exits before all have checked in.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from . import _env
+
+#: Seconds a rank waits for the others to meet the same usage error. Past it (a rank with an
+#: error of its own, such as its own GPU's memory), a quiet rank says its error itself.
+USAGE_WAIT = 30.0
+
+
+def ranked() -> bool:
+    """Whether this process is a rank started by torchrun (or a launcher like it)."""
+    try:
+        return _env.rank() is not None
+    except ValueError:  # a RANK that is no int: the session says so where it matters
+        return False
+
+
+def quiet_rank() -> bool:
+    """Under torchrun, whether this rank leaves saying bad usage to its machine's first rank
+    (LOCAL_RANK 0: each machine's torchrun prints to a terminal of its own)."""
+    if not ranked():
+        return False
+    local = _env.get(_env.LOCAL_RANK)
+    return (local if local is not None else _env.get(_env.RANK)) != "0"
+
+
+def leave(text: str) -> int:
+    """Say ``text`` (a usage error; empty when argparse said it) unless this is a quiet rank,
+    and return 2, the exit status of bad usage; under torchrun, first meet the other ranks,
+    then end this process with status 2.
+
+    Example::
+
+        return leave("trainkit demo: demo epochs=0: must be a positive int, e.g. --epochs 2\\n")
+    """
+    quiet = quiet_rank()
+    if not quiet:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    met = _met_every_rank()
+    if met is None:
+        return 2
+    if not met and quiet:
+        sys.stderr.write(text)  # the first rank did not meet this error: say it here
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Now, not after the interpreter's shutdown: it puts SIGTERM back to its default first, and
+    # torchrun ends the ranks left as soon as one has exited.
+    os._exit(2)
+
+
+def _met_every_rank() -> "bool | None":
+    """Whether every rank checked in within USAGE_WAIT (None: no torchrun store to meet in)."""
+    if not ranked() or _env.get(_env.USE_AGENT_STORE) != "True":
+        return None  # no launcher that ends the ranks left when one exits
+    import datetime
+    import signal
+    import threading
+
+    try:
+        from torch.distributed import TCPStore
+
+        store = TCPStore(_env.get(_env.MASTER_ADDR) or "", int(_env.get(_env.MASTER_PORT) or 0),
+                         is_master=False, timeout=datetime.timedelta(seconds=USAGE_WAIT))
+    except Exception:  # no store after all: leave as without torchrun
+        return None
+    # From here on a SIGTERM from torchrun (another rank left first) is this rank's exit 2 too.
+    if threading.current_thread() is threading.main_thread():  # where Python takes signals
+        signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(2))
+    key = f"trainkit/usage_error/{_env.get(_env.RESTART_COUNT) or 0}"
+    world = int(_env.get(_env.WORLD_SIZE) or 1)
+    here = store.add(key, 1)
+    deadline = time.monotonic() + USAGE_WAIT
+    while here < world and time.monotonic() < deadline:
+        time.sleep(0.02)
+        here = store.add(key, 0)
+    return here >= world
