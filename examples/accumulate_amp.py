@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 import trainkit as tk
-from trainkit.workloads.mnist import simple_cnn, synthetic_mnist
+from trainkit.workloads.mnist import BlockShuffle, SyntheticMNIST, simple_cnn
 
 
 def main() -> None:
@@ -27,8 +27,9 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    images, labels = synthetic_mnist(args.train_size)
-    loader = DataLoader(TensorDataset(images, labels), batch_size=64, shuffle=True,
+    data = SyntheticMNIST(args.train_size)  # MNIST-shaped images, made as they are read
+    # batch_size=None: the sampler gives whole shuffled batches, so memory is a few MB
+    loader = DataLoader(data, batch_size=None, sampler=BlockShuffle(len(data), 64),
                         num_workers=tk.technique("num_workers", 0),
                         pin_memory=tk.technique("pin_memory", device.type == "cuda"))
     model = simple_cnn().to(device)

@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 import trainkit as tk
-from trainkit.workloads.mnist import simple_cnn, synthetic_mnist
+from trainkit.workloads.mnist import BlockShuffle, SyntheticMNIST, simple_cnn
 
 
 def main() -> None:
@@ -28,11 +28,12 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    images, labels = synthetic_mnist(args.train_size)
+    data = SyntheticMNIST(args.train_size)  # MNIST-shaped images, made as they are read
+    sampler = BlockShuffle(len(data), tk.technique("batch_size", 64))  # shuffled batches
     loader = DataLoader(
-        TensorDataset(images, labels),
-        batch_size=tk.technique("batch_size", 64),
-        shuffle=True,
+        data,
+        batch_size=None,  # the sampler gives whole batches: a few MB whatever --train-size
+        sampler=sampler,
         num_workers=tk.technique("num_workers", 0),
         pin_memory=tk.technique("pin_memory", device.type == "cuda"),
     )
@@ -42,7 +43,8 @@ def main() -> None:
 
     with tk.session(logdir=args.logdir) as s:
         tk.patch(optimizer)
-        for _epoch in range(args.epochs):
+        for epoch in range(args.epochs):
+            sampler.set_epoch(epoch)  # a new order each epoch
             for x, y in tk.patch(loader):
                 with tk.profile_region("h2d"):
                     x, y = tk.to_device((x, y), device)

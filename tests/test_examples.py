@@ -45,3 +45,38 @@ def test_compiled_optimizer_example_trains_with_its_defaults(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     losses = [v for _, v in sorted(scalars(logdir)["loss"])]
     assert max(losses) <= losses[0] * 1.5 and losses[-1] < losses[0] / 2, losses
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["mnist_cnn.py", "accumulate_amp.py"])
+def test_a_train_size_beyond_memory_trains(tmp_path, name):
+    """They made every image up front: --train-size 10000000 (31 GB) failed at once in 8 GB of
+    address space, or took the machine's memory. Now the images are made as they are read: the
+    run records steps and goes on until it is stopped (SIGTERM here)."""
+    import resource
+    import signal
+    import time
+
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               CUDA_VISIBLE_DEVICES="")  # CUDA reserves far more address space than 8 GB
+    limit = 8 * 2 ** 30
+    logdir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(REPO, "examples", name), "--logdir", str(logdir),
+         "--train-size", "10000000"], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    try:
+        deadline = time.monotonic() + 180
+        steps = []
+        while proc.poll() is None and time.monotonic() < deadline and len(steps) < 2:
+            time.sleep(1)
+            if logdir.exists():
+                steps = scalars(logdir).get("trainkit/step_time_ms", [])
+        running = proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert running and len(steps) >= 2, err[-3000:]
