@@ -37,12 +37,15 @@ class PatchedLoader:
 
     def __iter__(self) -> Iterator[Any]:
         # Once per batch, between the user's torch calls: kept to one record and few lookups.
-        it = iter(self.source)
+        from torch import is_grad_enabled
+
         now = timing.now
         regions.load_flags()
         _compiled.skip_log_frames()  # a model compiled since the session started: before its first call
         tap = regions._TAP
-        count = ItemsCounter()  # one per pass: it learns where this loader's items are
+        # One per pass: it learns where this loader's items are. A pass begun under no_grad
+        # (an evaluation between epochs) trains on nothing: its items are no training step's.
+        count = ItemsCounter() if is_grad_enabled() else _EvalItems()
         patched = _patched.data  # the WeakSet's own set: empty when no optimizer is patched
         tensor = count.tensor
         mine = 0  # the step of this pass's last batch (steps count from 1)
@@ -52,10 +55,12 @@ class PatchedLoader:
         # on a batch from one left after it (see _left_unused).
         handed = 0.0
         quickest = _INF
-        from torch import is_grad_enabled
+        # The first wait holds iter(): a DataLoader with workers starts them there, each epoch
+        # without persistent_workers; the loop waits for that before its first batch.
+        t0 = now()
+        it = iter(self.source)
 
         while True:
-            t0 = now()
             ev0 = None
             if regions._TC._initialized:  # on a GPU a step that ends here ends as the wait begins
                 s = _S._active
@@ -127,6 +132,7 @@ class PatchedLoader:
                             s._buf.append((BATCH_REC, mine, 0.0, 0.0, -n))
                     s._batch_step = None
                 raise
+            t0 = now()
 
     def __bool__(self) -> bool:
         return bool(self.source)
@@ -141,6 +147,22 @@ class PatchedLoader:
 
 
 _INF = float("inf")
+
+
+class _EvalItems(ItemsCounter):
+    """The items of a pass begun under ``torch.no_grad()``: counted only where batches are the
+    session's steps (an evaluation, inference); beside training, None (no training items: the
+    wait still goes to the step in progress, whose wall time holds the pass)."""
+
+    __slots__ = ()
+
+    def __call__(self, batch: Any) -> Any:
+        s = _S._active
+        if s is not None and (s._batches_are_steps or not _patched.data):
+            n = super().__call__(batch)
+            self.first = False  # the loader's inline count would skip this check
+            return n
+        return None
 _NO_WORK = (BATCH_REC, GC_MS, GC_FULL)  # records that no loop body made: waits, collections
 
 
