@@ -1,0 +1,136 @@
+"""Which loops accumulate gradients by hand, for which step, over which backwards.
+
+The model the TK1xx rules of :mod:`trainkit.lint.accumulation` share: a loop accumulates
+for an optimizer or scaler ``step()`` under ``if ... % n ...`` when some backward also
+runs on batches where that step does not, and its gradients are neither wiped nor used by
+another optimizer first.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Iterator, Optional, Tuple
+
+from trainkit.lint._core import FileContext, TrainingLoop
+from trainkit.lint._nodes import dotted, method_name, pos, receiver
+
+
+@dataclass(frozen=True)
+class Accumulation:
+    """A loop that accumulates gradients by hand for one optimizer step.
+
+    Attributes:
+        loop: The training loop.
+        step: The first ``step()`` under ``if ... % n ...`` that sums several backwards.
+        every: ``n`` as written in the ``%``.
+        optimizer: The name of the optimizer that ``step`` steps, when it is known.
+        backwards: The backwards whose gradients that step sums: those that also run
+            on batches where it does not step.
+    """
+
+    loop: TrainingLoop
+    step: ast.Call
+    every: str
+    optimizer: Optional[str]
+    backwards: Tuple[ast.Call, ...]
+
+
+def stepped_optimizer(ctx: FileContext, step: ast.Call) -> Optional[str]:
+    """``opt`` for ``opt.step()``, ``scaler.step(opt)`` or ``amp.step(opt)``; None when unknown."""
+    name = receiver(step)
+    if ctx.is_optimizer(name) and not ctx.is_scaler(name):
+        return name
+    for arg in step.args:
+        if ctx.is_optimizer(dotted(arg)):
+            return dotted(arg)
+    return None
+
+
+def first_conditional(loop: TrainingLoop, node: ast.AST) -> Optional[ast.AST]:
+    """The innermost ``if``/``case``/``except`` around ``node`` in the loop."""
+    for guard in loop.guards(node):
+        if not isinstance(guard, (ast.With, ast.AsyncWith)):
+            return guard
+    return None
+
+
+def runs_with(loop: TrainingLoop, node: ast.AST, guard: ast.AST, step: ast.Call) -> bool:
+    """Whether ``node`` sits in ``guard`` on the step's side: it runs only on batches that step."""
+    return guard in loop.guards(node) and not loop.exclusive(node, step)
+
+
+def fresh_gradient(ctx: FileContext, loop: TrainingLoop, step: ast.Call, guard: ast.AST, optimizer: Optional[str]) -> bool:
+    """Whether the step's own branch zeroes the gradients, then runs a backward, before stepping.
+
+    ``if i % n_critic == 0: opt_G.zero_grad(); loss_G.backward(); opt_G.step()`` (WGAN's
+    generator): whatever earlier backwards left in those gradients is wiped, so nothing
+    is accumulated across batches.
+    """
+    here = pos(step)
+    for zero in loop.calls:
+        if method_name(zero) != "zero_grad" or pos(zero) >= here or first_conditional(loop, zero) is not guard:
+            continue
+        owner = receiver(zero)
+        if ctx.is_optimizer(owner) and optimizer is not None and owner != optimizer:
+            continue  # another optimizer's gradients
+        if loop.exclusive(zero, step):
+            continue
+        if any(pos(zero) < pos(b) < here and runs_with(loop, b, guard, step) for b in loop.backward_calls):
+            return True
+    return False
+
+
+def stepped_by_another(ctx: FileContext, loop: TrainingLoop, backward: ast.Call, optimizer: Optional[str]) -> bool:
+    """Whether another optimizer steps right after ``backward``, on every batch that runs it.
+
+    Its gradients are then that optimizer's, used at once: WGAN's critic
+    ``loss_D.backward(); opt_D.step()`` on every batch does not accumulate for the
+    generator's optimizer stepping every ``n_critic`` batches. "Right after" means
+    later in the iteration with no other backward in between.
+    """
+    if optimizer is None:
+        return False
+    mine = {(id(owner), side) for owner, side in loop.branches(backward)}
+    start = pos(backward)
+    for other in loop.step_calls:
+        if pos(other) <= start:
+            continue
+        if any(start < pos(b) < pos(other) for b in loop.backward_calls):
+            return False  # another backward comes first
+        name = stepped_optimizer(ctx, other)
+        if name is None or name == optimizer:
+            continue
+        if all((id(owner), side) in mine for owner, side in loop.branches(other)):
+            return True
+    return False
+
+
+def accumulating_loops(ctx: FileContext) -> Iterator[Accumulation]:
+    """Each loop that sums several backwards into one step under ``if ... % n ...``.
+
+    A loop accumulates for a step only when some backward also runs on batches where
+    that step does not run, and its gradients are not wiped or used by another
+    optimizer first. A step and its backward under the same ``%`` test (a DQN that
+    trains every ``train_frequency`` environment steps), or a generator stepped every
+    ``n_critic`` batches on a freshly zeroed gradient, do not accumulate.
+
+    Loops inside trainkit's ``tk.accumulate(...)`` (or accelerate's ``accumulate``)
+    are left out: the helper normalises and zeroes for you.
+    """
+    for loop in ctx.training_loops:
+        for step in loop.step_calls:
+            guard = loop.modulo_guard(step)
+            if guard is None or ctx.inside_with(step, ("accumulate",)):
+                continue
+            optimizer = stepped_optimizer(ctx, step)
+            if fresh_gradient(ctx, loop, step, guard, optimizer):
+                continue
+            backwards = tuple(
+                b for b in loop.backward_calls
+                if not runs_with(loop, b, guard, step) and not stepped_by_another(ctx, loop, b, optimizer)
+            )
+            if backwards:
+                modulo = loop.guard_modulo(guard)
+                every = ast.unparse(modulo.right) if modulo is not None else "N"
+                yield Accumulation(loop, step, every, optimizer, backwards)
+                break
