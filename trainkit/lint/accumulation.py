@@ -10,7 +10,7 @@ import ast
 import re
 from typing import Iterator, Optional, Tuple
 
-from trainkit.lint._accumulating import accumulating_loops
+from trainkit.lint._accumulating import accumulating_loops, runs_with, stepped_by_another
 from trainkit.lint._core import FileContext
 from trainkit.lint._nodes import dotted, method_name, pos, receiver
 from trainkit.lint._loss import (backward_operand, divisor, late_normalisation, loss_of, normalisations_before,
@@ -89,6 +89,40 @@ def check_zero_grad_every_micro_batch(ctx: FileContext) -> Iterator[Hit]:
                 f"`{ast.unparse(call)}` runs on every micro-batch but the step (line {acc.step.lineno}) "
                 f"runs every `{acc.every}`: the accumulated gradients are wiped, only the last micro-batch is used",
                 f"move `{ast.unparse(call)}` under the same `if` as the step, right after it; {_TK_ACCUMULATE}",
+            )
+
+
+_CLIPS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_")
+
+
+@rule(
+    "TK107",
+    name="clip-every-micro-batch",
+    severity="error",
+    summary="clip_grad_norm_ on every micro-batch of a loop that accumulates clips partial sums, "
+            "not the window's gradient",
+)
+def check_clip_every_micro_batch(ctx: FileContext) -> Iterator[Hit]:
+    """Flag a gradient clip that runs on micro-batches where the accumulating step does not."""
+    for acc in accumulating_loops(ctx):
+        loop = acc.loop
+        guard = loop.modulo_guard(acc.step)
+        for call in loop.calls:
+            if (ctx.qualname(call.func) or "").rsplit(".", 1)[-1] not in _CLIPS:
+                continue
+            if guard is not None and runs_with(loop, call, guard, acc.step):
+                continue  # clipped with the step: the window's whole gradient
+            if stepped_by_another(ctx, loop, call, acc.optimizer):
+                continue  # another optimizer's gradients, stepped on every batch
+            shown = ast.unparse(call).splitlines()[0]
+            yield Hit(
+                call,
+                f"`{shown}` runs on every micro-batch but the step (line {acc.step.lineno}) runs every "
+                f"`{acc.every}`: it clips the running, partial gradient sum at each micro-batch (rescaling what "
+                "the earlier micro-batches added), not the window's gradient as a big batch would",
+                f"move it under the same `if` as the step, right before the step (after `scaler.unscale_(...)` "
+                "with a GradScaler); or `with tk.accumulate(n, optimizer, clip_grad_norm=max_norm):`, which "
+                "clips each window's divided gradient once",
             )
 
 
