@@ -120,6 +120,7 @@ class _Compiled:
         h = self._hyper.get(id(opt))
         if h is None or h.opt is not opt:
             h = self._hyper[id(opt)] = HyperTensors(opt)
+            _keep_state_tensors(opt)
         return h
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -165,6 +166,38 @@ class _Compiled:
                 f"lr=torch.tensor(0.01)); trainkit holds lr and Adam/AdamW betas as tensors "
                 f"itself. torch._logging.set_logs(recompiles=True) shows every recompile.",
                 RuntimeWarning, stacklevel=3)
+
+
+def _keep_state_tensors(opt: Any) -> None:
+    """Make ``opt.load_state_dict`` copy into the state tensors it replaces (same shape, dtype
+    and device), once per optimizer: the compiled step guards on their identity, so a checkpoint
+    loaded mid-run (a resume) was a recompile after warm-up, and its warning."""
+    if getattr(opt, "_trainkit_keeps_state", False) or not hasattr(
+            opt, "register_load_state_dict_post_hook"):
+        return
+    import torch
+
+    held: Dict[str, Any] = {}
+
+    def pre(optimizer: Any, state_dict: Any) -> None:
+        held["state"] = {p: dict(st) for p, st in optimizer.state.items()}
+
+    def post(optimizer: Any) -> None:
+        before = held.pop("state", {})
+        with torch.no_grad():
+            for p, st in optimizer.state.items():
+                old = before.get(p, {})
+                for key, value in st.items():
+                    t = old.get(key)
+                    if (isinstance(value, torch.Tensor) and isinstance(t, torch.Tensor)
+                            and t is not value and t.shape == value.shape
+                            and t.dtype == value.dtype and t.device == value.device):
+                        t.copy_(value)
+                        st[key] = t
+
+    opt.register_load_state_dict_pre_hook(pre)
+    opt.register_load_state_dict_post_hook(post)
+    opt._trainkit_keeps_state = True
 
 
 # -- public ------------------------------------------------------------------------------------------
