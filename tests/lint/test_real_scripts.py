@@ -76,3 +76,80 @@ def test_clip_in_a_loop_that_steps_every_batch_is_not_reported() -> None:
             optimizer.step()
     """
     assert _pairs(src) == []
+
+
+# --------------------------------------------------------------------------- loops that step through a call
+
+# huggingface/pytorch-image-models train.py, train_one_epoch: the loop body defines _forward() and
+# _backward() (backward, clip, optimizer.step() in there) and calls them, then reads
+# `loss.item()` on every micro-batch when not distributed. The loop was not seen as a training
+# loop, so that per-step sync went unreported.
+TIMM_TRAIN_ONE_EPOCH = """
+import torch
+def train_one_epoch(model, loader, optimizer, loss_fn, args, losses_m, accum_steps):
+    for batch_idx, (input, target) in enumerate(loader):
+        need_update = (batch_idx + 1) % accum_steps == 0
+
+        def _forward():
+            loss = loss_fn(model(input), target)
+            return loss / accum_steps
+
+        def _backward(_loss):
+            _loss.backward()
+            if need_update:
+                optimizer.step()
+
+        loss = _forward()
+        _backward(loss)
+        if not args.distributed:
+            losses_m.update(loss.item() * accum_steps, input.size(0))
+        if not need_update:
+            continue
+        optimizer.zero_grad()
+"""
+
+
+def test_a_loop_calling_its_own_step_function_is_a_training_loop() -> None:
+    assert _pairs(TIMM_TRAIN_ONE_EPOCH) == [("TK302", 19)]
+
+
+# pytorch/examples distributed/ddp-tutorial-series/multigpu_torchrun.py: Trainer._run_epoch loops over
+# the batches and calls self._run_batch(...), which zeroes, runs backward and steps.
+DDP_TRAINER = """
+import torch
+class Trainer:
+    def _run_batch(self, source, targets):
+        self.optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(self.model(source), targets)
+        loss.backward()
+        self.optimizer.step()
+        return loss
+
+    def _run_epoch(self, epoch):
+        for source, targets in self.train_data:
+            loss = self._run_batch(source.to(self.gpu_id), targets.to(self.gpu_id))
+            torch.cuda.empty_cache()
+"""
+
+
+def test_a_loop_calling_a_method_that_steps_is_a_training_loop() -> None:
+    assert _pairs(DDP_TRAINER) == [("TK301", 14)]
+
+
+def test_an_epoch_loop_calling_a_function_with_its_own_batch_loop_is_not() -> None:
+    # pytorch/examples mnist/main.py and imagenet/main.py: `for epoch ...: train(...); validate(...)`;
+    # train() holds the batch loop, so the epoch loop's per-epoch syncs are not per-step ones.
+    src = """
+    def train(model, loader, optimizer):
+        for x, y in loader:
+            optimizer.zero_grad()
+            model(x, y).backward()
+            optimizer.step()
+
+    def main(model, loader, optimizer, epochs, validate):
+        for epoch in range(epochs):
+            train(model, loader, optimizer)
+            acc = validate(model).item()
+            torch.cuda.empty_cache()
+    """
+    assert _pairs(src) == []

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Dict, FrozenSet, Iterator, List, Optional, Set, Tuple, Union
 
+from trainkit.lint._calls import calls_step_function, step_function_names
 from trainkit.lint._nodes import dotted, find_modulo, is_device_check, is_reciprocal, method_name, pos, receiver
 
 LoopNode = Union[ast.For, ast.AsyncFor, ast.While]
@@ -221,13 +222,20 @@ class FileContext:
         out.sort(key=pos)
         return out
 
+    @cached_property
+    def step_functions(self) -> FrozenSet[str]:
+        """The file's functions whose own body (outside loops) runs backward or a step."""
+        return step_function_names(self)
+
     def is_training_loop(self, loop: LoopNode) -> bool:
-        """Whether ``loop``'s own body calls ``.backward(`` or an optimizer step."""
+        """Whether ``loop``'s own body calls ``.backward(``, an optimizer step, or a step function."""
         if loop not in self._training:
             self._training[loop] = False  # guards against cycles; loops nest as a tree
             region = self._region(loop)
             self._training[loop] = any(
-                isinstance(n, ast.Call) and (self.is_backward(n) or self.is_step(n)) for n in region
+                isinstance(n, ast.Call) and (self.is_backward(n) or self.is_step(n)
+                                             or calls_step_function(n, self.step_functions))
+                for n in region
             )
         return self._training[loop]
 
