@@ -764,6 +764,27 @@ def test_a_region_inside_compiled_code_leaves_the_graph_whole(tmp_path):
     assert [st for st, _ in got["trainkit/region/outside_ms"]] == [1]
 
 
+def _dynamo_traces_copy_copy():
+    """Whether this torch's dynamo traces copy.copy of a dataclass (2.14's does, 2.11's not)."""
+    import copy
+    import dataclasses
+
+    import torch._dynamo
+
+    @dataclasses.dataclass
+    class Probe:
+        x: torch.Tensor
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(lambda p: copy.copy(p), backend="eager", fullgraph=True)(Probe(torch.ones(1)))
+    except Exception:  # torch._dynamo.exc.Unsupported
+        return False
+    finally:
+        torch._dynamo.reset()
+    return True
+
+
 def test_to_device_inside_compiled_code_copies_within_the_graph(tmp_path):
     # tk.to_device in a compiled train step: a copy to another device (meta stands in for a GPU)
     # recorded its time and bytes from inside the graph, which crashed dynamo ("deque mutated
@@ -780,8 +801,16 @@ def test_to_device_inside_compiled_code_copies_within_the_graph(tmp_path):
         x: torch.Tensor
         n: int = 3
 
+    # A dataclass is moved in a copy.copy of it, which torch 2.11's dynamo does not trace (it
+    # skips the copy module): there a dataclass in the batch is a graph break, as copy.copy in
+    # the user's own code would be, and an error under fullgraph=True. Checked where it traces.
+    with_dataclass = _dynamo_traces_copy_copy()
+
     def step(x, y):
-        out = tk.to_device({"pair": (x, y), "same": (x, x), "b": Batch(y), "k": [1, "s"]}, "meta")
+        batch = {"pair": (x, y), "same": (x, x), "k": [1, "s"]}
+        if with_dataclass:
+            batch["b"] = Batch(y)
+        out = tk.to_device(batch, "meta")
         return out
 
     for fullgraph in (False, True):
@@ -794,7 +823,8 @@ def test_to_device_inside_compiled_code_copies_within_the_graph(tmp_path):
         assert dict(counters["graph_break"]) == {} and dict(guard_failures) == {}
         assert out["pair"][0].device.type == "meta" and out["pair"][0].shape == (4, 8)
         assert out["same"][0] is out["same"][1]
-        assert type(out["b"]) is Batch and out["b"].x.device.type == "meta" and out["b"].n == 3
+        if with_dataclass:
+            assert type(out["b"]) is Batch and out["b"].x.device.type == "meta" and out["b"].n == 3
         assert out["k"] == [1, "s"]
         assert not [t for t in scalars(tmp_path / str(fullgraph)) if "h2d" in t]
 
