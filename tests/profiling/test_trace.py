@@ -137,9 +137,34 @@ def test_a_profiler_the_user_starts_during_the_wait_is_kept(logdir):
     assert _traces(logdir) == []
 
 
+def _a_profiler_starts_while_another_warms_up():
+    """torch 2.14 lets a profiler start while another one warms up (and cancels that one); torch
+    2.11 refuses it, whosever the first one is ("Can't disable Kineto profiler when it's not
+    running", from the second one's start)."""
+    import warnings
+
+    import torch
+
+    first = torch.profiler.profile(schedule=torch.profiler.schedule(wait=0, warmup=2, active=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first.__enter__()
+        try:
+            with torch.profiler.profile():
+                pass
+        except RuntimeError:
+            return False
+        finally:
+            first.__exit__(None, None, None)
+    return True
+
+
 def test_a_profiler_the_user_starts_during_the_warmup_is_kept(logdir):
     import torch
 
+    if not _a_profiler_starts_while_another_warms_up():
+        pytest.skip("this torch refuses to start a profiler while another warms up (torch 2.11: "
+                    "the user's own start fails), so trainkit cannot keep it")
     prof = torch.profiler.profile()
     with pytest.warns(UserWarning, match="a torch profiler you started is recording"):
         with tk.session(logdir=logdir, profile=tk.ProfileSchedule(wait=1, warmup=4, active=2),

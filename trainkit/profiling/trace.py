@@ -12,7 +12,10 @@ torch runs one profiler at a time: a second one started while one records cancel
 first one's stop then ends the second. So a session refuses ``profile=`` while a profiler of the
 user's records, and the tracer stands down, with a warning, when it finds one of the user's
 recording at a step where its own would start (it cannot tell one started during its own
-active window: there the user's profiler and trainkit's cycle both lose their events).
+active window: there the user's profiler and trainkit's cycle both lose their events). Older torch
+(2.11) does not cancel a profiler that warms up: it refuses the second one's start instead
+("Can't disable Kineto profiler when it's not running"), so there the user's profiler started
+during trainkit's warmup fails at its start.
 """
 from __future__ import annotations
 
