@@ -16,7 +16,9 @@ PAGEABLE_FIX = ("DataLoader(..., pin_memory=True) and x = tk.to_device(x, 'cuda'
 
 
 class Steps:
-    """The run's timed steps (the first is left out once there are a few: it pays for warm-up).
+    """The run's timed steps (the first is left out once there are a few: it pays for warm-up;
+    so are steps that compiled, whose update and step time hold seconds of torch.compile, when
+    others are left: TA105 reports recompiles).
 
     Example::
 
@@ -27,6 +29,8 @@ class Steps:
         self.run = run
         times = run.values(STEP_TIME)
         steps = sorted(s for s, v in times.items() if v > 0)
+        compiled = run.values(COMPILE_SECONDS)
+        steps = [s for s in steps if s not in compiled] or steps
         self.steps = steps[1:] if len(steps) > 3 else steps
         self.times = [times[s] for s in self.steps]
         self.total_ms = sum(self.times)
