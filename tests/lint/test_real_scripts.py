@@ -153,3 +153,34 @@ def test_an_epoch_loop_calling_a_function_with_its_own_batch_loop_is_not() -> No
             torch.cuda.empty_cache()
     """
     assert _pairs(src) == []
+
+
+# --------------------------------------------------------------------------- TK501/TK502
+
+# lucidrains/x-transformers train_enwik8.py: the Dataset's __getitem__ returns `full_seq.cuda()`, and the
+# DataLoader sets neither num_workers nor pin_memory. TK501 and TK502 advised both, but their fixes
+# fail there: a CUDA tensor cannot be pinned, and a forked worker cannot use CUDA.
+XTRANSFORMERS_ENWIK8 = """
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class TextSamplerDataset(Dataset):
+    def __init__(self, data, seq_len):
+        self.data, self.seq_len = data, seq_len
+
+    def __getitem__(self, index):
+        start = torch.randint(0, self.data.size(0) - self.seq_len - 1, (1,))
+        return self.data[start: start + self.seq_len + 1].long().cuda()
+
+    def __len__(self):
+        return self.data.size(0) // self.seq_len
+
+train_dataset = TextSamplerDataset(data_train, 1024)
+train_loader = DataLoader(train_dataset, batch_size=4, drop_last=True)
+host_loader = DataLoader(HostDataset(data_train), batch_size=4)
+"""
+
+
+def test_a_loader_over_a_dataset_that_returns_cuda_tensors_gets_no_worker_or_pinning_advice() -> None:
+    # the loader over a dataset defined elsewhere (HostDataset) still gets the advice
+    assert _pairs(XTRANSFORMERS_ENWIK8) == [("TK501", 18), ("TK502", 18)]

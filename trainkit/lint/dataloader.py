@@ -53,10 +53,12 @@ def _on_cuda(expr: ast.expr, values: Dict[str, List[ast.expr]], depth: int = 0) 
 
 
 def _dataset_on_cuda(ctx: FileContext, loader: ast.Call, values: Dict[str, List[ast.expr]]) -> bool:
-    """Whether the loader's dataset is a ``TensorDataset`` of tensors already on CUDA.
+    """Whether the loader's dataset is a ``TensorDataset`` of tensors already on CUDA, or an
+    instance of the file's own class whose ``__getitem__`` moves items to CUDA.
 
     Pinning then fails (only CPU tensors can be pinned) and worker processes cannot
-    use CUDA tensors made in the parent, so the TK5xx advice does not apply.
+    use CUDA (tensors made in the parent, or CUDA initialised in a forked worker), so the
+    TK5xx advice does not apply.
     """
     dataset = loader.args[0] if loader.args else next((k.value for k in loader.keywords if k.arg == "dataset"), None)
     if dataset is None:
@@ -66,9 +68,24 @@ def _dataset_on_cuda(ctx: FileContext, loader: ast.Call, values: Dict[str, List[
     if name is not None:
         candidates = values.get(name, [])
     for candidate in candidates:
-        if (isinstance(candidate, ast.Call) and (ctx.qualname(candidate.func) or "").endswith("TensorDataset")
+        if not isinstance(candidate, ast.Call):
+            continue
+        if ((ctx.qualname(candidate.func) or "").endswith("TensorDataset")
                 and any(_on_cuda(arg, values) for arg in candidate.args)):
             return True
+        if isinstance(candidate.func, ast.Name) and _items_on_cuda(ctx, candidate.func.id, values):
+            return True
+    return False
+
+
+def _items_on_cuda(ctx: FileContext, name: str, values: Dict[str, List[ast.expr]]) -> bool:
+    """Whether the file's class ``name`` moves its items to CUDA in ``__getitem__`` (``return x.cuda()``)."""
+    for node in ctx.nodes:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__getitem__":
+                    if any(isinstance(n, ast.Call) and _on_cuda(n, values) for n in ast.walk(item)):
+                        return True
     return False
 
 
