@@ -5,8 +5,9 @@ import datetime
 import statistics
 from typing import Callable, Dict, List, Optional
 
-from ...recorder import (CLOSURE_MS, COMPILE_RECOMPILES, COMPILE_SECONDS, DATA_WAIT, GC_FULL, GC_MS,
-                         H2D_MS, H2D_PINNED_PCT, PREFIX, SAMPLES_PER_S, STEP_TIME, UPDATE_MS)
+from ...recorder import (AMP_SKIPPED, CLOSURE_MS, COMPILE_RECOMPILES, COMPILE_SECONDS, DATA_WAIT,
+                         GC_FULL, GC_MS, H2D_MS, H2D_PINNED_PCT, PREFIX, SAMPLES_PER_S, STEP_TIME,
+                         UPDATE_MS)
 from ..finding import Finding, severity_for
 from ..runs import Run
 
@@ -170,6 +171,18 @@ def no_steps(run: Run) -> Finding:
     (a session alone samples memory and CPU load, and that is all it records).
     """
     seen = "only 1 step was" if run.values(UPDATE_MS) or run.values(DATA_WAIT) else "no step was"
+    skipped = int(max(run.values(AMP_SKIPPED).values(), default=0))
+    if skipped:  # the optimizer is patched and was called: the GradScaler skipped its steps
+        return Finding(
+            code="TA110", title="no steps recorded",
+            evidence=f"{seen} counted in {run.path!r}: the GradScaler skipped {skipped} "
+                     f"optimizer step(s) for inf/nan gradients (trainkit/amp/skipped_steps), "
+                     f"and a skipped step is no step",
+            share=None, count=0,
+            fix="find where the gradients overflow: with fp16, a GradScaler init_scale too high "
+                "for the model (it halves per skipped step), or dtype='bf16'; else inf/nan in the "
+                "loss itself (a learning rate too high, log(0), bad inputs)",
+            severity="high", run=run.name)
     return Finding(
         code="TA110", title="no steps recorded",
         evidence=f"{seen} counted in {run.path!r} and no trace holds a profiled step: step time "
