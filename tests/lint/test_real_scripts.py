@@ -184,3 +184,50 @@ host_loader = DataLoader(HostDataset(data_train), batch_size=4)
 def test_a_loader_over_a_dataset_that_returns_cuda_tensors_gets_no_worker_or_pinning_advice() -> None:
     # the loader over a dataset defined elsewhere (HostDataset) still gets the advice
     assert _pairs(XTRANSFORMERS_ENWIK8) == [("TK501", 18), ("TK502", 18)]
+
+
+# --------------------------------------------------------------------------- TK108
+
+# huggingface/accelerate examples/complete_nlp_example.py and huggingface/transformers
+# examples/pytorch/language-modeling/run_clm_no_trainer.py (2021-22): `loss = loss / gradient_accumulation_steps`,
+# then `if step % gradient_accumulation_steps == 0:` with `step` from enumerate(), which counts from 0. The
+# first window of every epoch is one micro-batch, divided by the count all the same. Nothing was reported.
+COMPLETE_NLP_EXAMPLE = """
+def train(model, train_dataloader, optimizer, lr_scheduler, accelerator, gradient_accumulation_steps):
+    for step, batch in enumerate(train_dataloader):
+        loss = model(**batch).loss
+        loss = loss / gradient_accumulation_steps
+        accelerator.backward(loss)
+        if step % gradient_accumulation_steps == 0 or step == len(train_dataloader) - 1:
+            optimizer.step()
+            lr_scheduler.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_a_zero_based_index_modulo_equal_to_zero_is_reported() -> None:
+    assert _pairs(COMPLETE_NLP_EXAMPLE) == [("TK108", 7)]
+
+
+def test_one_based_counts_are_not_reported() -> None:
+    src = """
+    def train(model, loader, optimizer, n):
+        for step, batch in enumerate(loader):
+            (model(batch) / n).backward()
+            if (step + 1) % n == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+        for step, batch in enumerate(loader, 1):
+            (model(batch) / n).backward()
+            if step % n == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+        seen = 0
+        for batch in loader:
+            (model(batch) / n).backward()
+            seen += 1
+            if seen % n == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+    assert _pairs(src) == []

@@ -11,7 +11,7 @@ import re
 from typing import Iterator, Optional, Tuple
 
 from trainkit.lint._accumulating import accumulating_loops, runs_with, stepped_by_another
-from trainkit.lint._core import FileContext
+from trainkit.lint._core import FileContext, TrainingLoop
 from trainkit.lint._nodes import dotted, method_name, pos, receiver
 from trainkit.lint._loss import (backward_operand, divisor, late_normalisation, loss_of, normalisations_before,
                                  normalised_before)
@@ -120,10 +120,60 @@ def check_clip_every_micro_batch(ctx: FileContext) -> Iterator[Hit]:
                 f"`{shown}` runs on every micro-batch but the step (line {acc.step.lineno}) runs every "
                 f"`{acc.every}`: it clips the running, partial gradient sum at each micro-batch (rescaling what "
                 "the earlier micro-batches added), not the window's gradient as a big batch would",
-                f"move it under the same `if` as the step, right before the step (after `scaler.unscale_(...)` "
+                "move it under the same `if` as the step, right before the step (after `scaler.unscale_(...)` "
                 "with a GradScaler); or `with tk.accumulate(n, optimizer, clip_grad_norm=max_norm):`, which "
                 "clips each window's divided gradient once",
             )
+
+
+def _zero_based_index(loop: TrainingLoop, name: str) -> bool:
+    """Whether ``name`` is the index of ``for name, ... in enumerate(x)`` (from 0), never rebound in the loop."""
+    node = loop.node
+    if not isinstance(node, (ast.For, ast.AsyncFor)) or not isinstance(node.iter, ast.Call):
+        return False
+    call = node.iter
+    if dotted(call.func) != "enumerate" or len(call.args) != 1 or call.keywords:
+        return False  # `enumerate(x, 1)`, `enumerate(x, start=1)` count from 1
+    target = node.target
+    first = target.elts[0] if isinstance(target, ast.Tuple) and target.elts else None
+    if not (isinstance(first, ast.Name) and first.id == name):
+        return False
+    return not any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) for n in loop.region)
+
+
+@rule(
+    "TK108",
+    name="first-window-of-one",
+    severity="error",
+    summary="step under `i % n == 0` with i counting from 0: the first window holds one micro-batch, divided by n",
+)
+def check_first_window_of_one(ctx: FileContext) -> Iterator[Hit]:
+    """Flag ``if step % n == 0:`` stepping an accumulation where ``step`` comes from ``enumerate(...)``."""
+    for acc in accumulating_loops(ctx):
+        guard = acc.loop.modulo_guard(acc.step)
+        if not isinstance(guard, ast.If):
+            continue
+        for test in ast.walk(guard.test):
+            if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+                continue
+            sides = [test.left, test.comparators[0]]
+            modulo = next((x for x in sides if isinstance(x, ast.BinOp) and isinstance(x.op, ast.Mod)), None)
+            zero = any(isinstance(x, ast.Constant) and x.value == 0 and not isinstance(x.value, bool) for x in sides)
+            if modulo is None or not zero or not isinstance(modulo.left, ast.Name):
+                continue
+            index = modulo.left.id
+            if not _zero_based_index(acc.loop, index):
+                continue
+            every = ast.unparse(modulo.right)
+            yield Hit(
+                test,
+                f"`{ast.unparse(test)}` with `{index}` counting from 0 (`enumerate(...)`) steps after the very "
+                f"first micro-batch: each pass's first window holds one micro-batch (its loss still divided by "
+                f"`{every}`, so that update is `{every}` times too small) and every later window is shifted by one",
+                f"`({index} + 1) % {every} == 0` (and step once more after the loop for a short last window); "
+                f"{_TK_ACCUMULATE}",
+            )
+            break
 
 
 @rule(
