@@ -147,6 +147,7 @@ class PatchedLoader:
 
 
 _INF = float("inf")
+_NO_WORK = (BATCH_REC, GC_MS, GC_FULL)  # records that no loop body made: waits, collections
 
 
 class _EvalItems(ItemsCounter):
@@ -163,7 +164,6 @@ class _EvalItems(ItemsCounter):
             self.first = False  # the loader's inline count would skip this check
             return n
         return None
-_NO_WORK = (BATCH_REC, GC_MS, GC_FULL)  # records that no loop body made: waits, collections
 
 
 def _left_unused(s: Any, t0: float, quick: bool) -> bool:

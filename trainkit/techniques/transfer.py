@@ -11,7 +11,7 @@ import collections
 import copy
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 from ..session import active as _active_session
 from .. import timing
