@@ -8,7 +8,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -24,6 +24,17 @@ def child_env() -> Dict[str, str]:
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(name, None)
     return env
+
+
+def stop_server(server: "subprocess.Popen[bytes]", log: Any) -> None:
+    """End a server started for a test (SIGTERM, then SIGKILL after 20 s) and close its log."""
+    server.terminate()
+    try:
+        server.wait(20)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait(10)
+    log.close()
 
 
 def free_port() -> int:

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from ._util import REPO, child_env, free_port
+from ._util import REPO, child_env, free_port, stop_server
 
 STEPS = 6
 TAGS = ["trainkit/step_time_ms", "trainkit/data_wait_ms", "trainkit/samples_per_s",
@@ -87,10 +87,4 @@ def test_tensorboard_serves_the_session_scalars(tmp_path):
         assert [p[1] for p in _get(port, f"/data/plugin/scalars/scalars?{query}")] == list(
             range(1, STEPS + 1))
     finally:
-        server.terminate()
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(10)
-        log.close()
+        stop_server(server, log)

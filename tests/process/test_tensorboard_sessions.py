@@ -18,7 +18,7 @@ from trainkit.profiling.runs import read_scalars
 from trainkit.sinks.tbplugin.data import TabData
 
 from ..profiling.conftest import train
-from ._util import REPO, child_env, free_port
+from ._util import REPO, child_env, free_port, stop_server
 
 TAG = "trainkit/step_time_ms"
 
@@ -35,13 +35,7 @@ def tensorboard(logdir, tmp_path, load_fast):
     try:
         yield port, server, log_path
     finally:
-        server.terminate()
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(10)
-        log.close()
+        stop_server(server, log)
 
 
 def points(port, server, log_path, want):
