@@ -10,7 +10,7 @@ import ast
 import re
 from typing import Iterator, Optional, Tuple
 
-from trainkit.lint._accumulating import accumulating_loops, runs_with, stepped_by_another
+from trainkit.lint._accumulating import Accumulation, accumulating_loops, runs_with, stepped_by_another
 from trainkit.lint._core import FileContext, TrainingLoop
 from trainkit.lint._nodes import dotted, method_name, pos, receiver
 from trainkit.lint._loss import (backward_operand, divisor, late_normalisation, loss_of, normalisations_before,
@@ -61,12 +61,33 @@ def check_unnormalised_accumulation(ctx: FileContext) -> Iterator[Hit]:
             if normalised_before(loop, call, name) or late_normalisation(loop, call, name) is not None:
                 continue
             shown = name or ast.unparse(backward_operand(call) or call)
+            head = (f"`{ast.unparse(call)}` accumulates gradients over `{every}` micro-batches "
+                    f"(step on line {acc.step.lineno}) but `{shown}` is never divided")
+            # With TK103's zero_grad the step sees one micro-batch, so "too large" would be false
+            # today and dividing alone would make it too small: the two fixes go together.
+            wipe = next(iter(_wiping_zero_grads(ctx, acc)), None)
+            if wipe is None:
+                yield Hit(call, f"{head}: the update is `{every}` times too large",
+                          f"`{shown} = {shown} / {every}` before backward; {_TK_ACCUMULATE}")
+                continue
             yield Hit(
                 call,
-                f"`{ast.unparse(call)}` accumulates gradients over `{every}` micro-batches "
-                f"(step on line {acc.step.lineno}) but `{shown}` is never divided: the update is `{every}` times too large",
-                f"`{shown} = {shown} / {every}` before backward; {_TK_ACCUMULATE}",
+                f"{head}: for now `{ast.unparse(wipe)}` on line {wipe.lineno} wipes the sum (TK103), so the "
+                f"update is one micro-batch's; once that is fixed, it is `{every}` times too large",
+                f"fix both together: `{shown} = {shown} / {every}` before backward and `{ast.unparse(wipe)}` "
+                f"under the step's `if` (dividing alone makes the update `{every}` times too small); {_TK_ACCUMULATE}",
             )
+
+
+def _wiping_zero_grads(ctx: FileContext, acc: Accumulation) -> Iterator[ast.Call]:
+    """The ``zero_grad()`` calls that run on every micro-batch of ``acc``'s loop, wiping its sum (TK103)."""
+    for call in acc.loop.calls:
+        if method_name(call) != "zero_grad" or acc.loop.is_conditional(call):
+            continue
+        owner = receiver(call)
+        if ctx.is_optimizer(owner) and acc.optimizer is not None and owner != acc.optimizer:
+            continue  # another optimizer, stepped on every batch, zeroes its own gradients
+        yield call
 
 
 @rule(
@@ -78,12 +99,7 @@ def check_unnormalised_accumulation(ctx: FileContext) -> Iterator[Hit]:
 def check_zero_grad_every_micro_batch(ctx: FileContext) -> Iterator[Hit]:
     """Flag an unconditional ``zero_grad()`` in a loop whose step is under ``% n``."""
     for acc in accumulating_loops(ctx):
-        for call in acc.loop.calls:
-            if method_name(call) != "zero_grad" or acc.loop.is_conditional(call):
-                continue
-            owner = receiver(call)
-            if ctx.is_optimizer(owner) and acc.optimizer is not None and owner != acc.optimizer:
-                continue  # another optimizer, stepped on every batch, zeroes its own gradients
+        for call in _wiping_zero_grads(ctx, acc):
             yield Hit(
                 call,
                 f"`{ast.unparse(call)}` runs on every micro-batch but the step (line {acc.step.lineno}) "
@@ -145,7 +161,8 @@ def _zero_based_index(loop: TrainingLoop, name: str) -> bool:
     "TK108",
     name="first-window-of-one",
     severity="error",
-    summary="step under `i % n == 0` with i counting from 0: the first window holds one micro-batch, divided by n",
+    summary="step under `i % n == 0` with i counting from 0: the first window holds one micro-batch, "
+            "later windows are shifted by one",
 )
 def check_first_window_of_one(ctx: FileContext) -> Iterator[Hit]:
     """Flag ``if step % n == 0:`` stepping an accumulation where ``step`` comes from ``enumerate(...)``."""
@@ -165,11 +182,17 @@ def check_first_window_of_one(ctx: FileContext) -> Iterator[Hit]:
             if not _zero_based_index(acc.loop, index):
                 continue
             every = ast.unparse(modulo.right)
+            loop = acc.loop
+            if all(normalised_before(loop, b, loss_of(loop, b)) for b in acc.backwards):
+                first = f"its loss still divided by `{every}`, so that update is `{every}` times too small"
+            else:  # TK102 (or TK101) fires too: dividing is still to come
+                first = (f"its loss not yet divided before backward; once divided by `{every}`, "
+                         f"that update is `{every}` times too small")
             yield Hit(
                 test,
                 f"`{ast.unparse(test)}` with `{index}` counting from 0 (`enumerate(...)`) steps after the very "
-                f"first micro-batch: each pass's first window holds one micro-batch (its loss still divided by "
-                f"`{every}`, so that update is `{every}` times too small) and every later window is shifted by one",
+                f"first micro-batch: each pass's first window holds one micro-batch ({first}) and every later "
+                "window is shifted by one",
                 f"`({index} + 1) % {every} == 0` (and step once more after the loop for a short last window); "
                 f"{_TK_ACCUMULATE}",
             )
