@@ -16,9 +16,15 @@ from trainkit.sinks.tbplugin.data import TabData
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
+    # One thread: inductor's CPU kernels use as many OpenMP threads as torch has when compiled,
+    # and beside another busy process (a second pytest) their barriers wait on descheduled
+    # threads: a ~1 ms update took 25-40 ms, and TA104 was right to fire.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+    torch.set_num_threads(threads)
 
 
 def _train(logdir) -> None:
