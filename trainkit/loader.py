@@ -118,9 +118,10 @@ class PatchedLoader:
             except GeneratorExit:  # the loop was left early (break, an exception)
                 s = _S._active
                 if s is not None:
+                    left = now()
                     if s._batch_pending and mine == s.step and not _left_unused(
-                            s, t0, now() - t1 < quickest * 0.5):
-                        s.end_batch_step(now())  # its body ran: its step ends where it was left
+                            s, t0, left - t1 < quickest * 0.5):
+                        s.end_batch_step(left)  # its body ran: its step ends where it was left
                     elif mine == s.step:
                         # No step since this batch (training), or batches are steps and no body
                         # ran for it: it was not worked on (a break at the top of the loop, the
