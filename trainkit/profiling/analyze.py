@@ -85,7 +85,8 @@ def analyze_run(logdir: str, folder: str, *,
     ``clock`` (wall time, as file mtimes are) tells a trace still being written from a broken one.
     """
     run = load_run(logdir, folder)
-    found = [dataclasses.replace(f, run=run.name) for f in record_rules.findings(run)]
+    st = record_rules.Steps(run)  # the one selection of steps the findings and breakdown share
+    found = [dataclasses.replace(f, run=run.name) for f in record_rules.findings(st)]
     stats, bad, writing = _trace_findings(run, clock())
     t = trace_rules.Traces(stats)
     if t.steps:
@@ -98,7 +99,7 @@ def analyze_run(logdir: str, folder: str, *,
         if f is not None:
             found.append(dataclasses.replace(f, run=run.name))
     found.extend(bad)
-    steps = len(record_rules.Steps(run))
+    steps = len(st)
     if not steps and not t.steps and not bad and not writing and run.is_trainkit:
         # Say so, rather than "no findings": a run with nothing to analyze is not a clean run.
         found.append(record_rules.no_steps(run))
@@ -106,7 +107,7 @@ def analyze_run(logdir: str, folder: str, *,
     if sessions is not None:
         found.append(sessions)
     found.sort(key=sort_key)
-    return RunReport(run=run.name, breakdown=record_rules.breakdown(run), findings=tuple(found),
+    return RunReport(run=run.name, breakdown=record_rules.breakdown(st), findings=tuple(found),
                      traces=tuple(t for t in run.traces if t not in writing), steps=steps,
                      is_trainkit=run.is_trainkit or bool(run.traces or run.earlier_traces),
                      writing=tuple(writing), earlier_traces=run.earlier_traces)

@@ -229,9 +229,8 @@ def items_per_step(run: Run) -> Optional[float]:
     return statistics.median(items) if items else None
 
 
-def findings(run: Run) -> List[Finding]:
-    """Every rule over one run's records."""
-    st = Steps(run)
+def findings(st: Steps) -> List[Finding]:
+    """Every rule over one run's timed steps."""
     if len(st) == 0:
         return []
     out = []
@@ -242,9 +241,9 @@ def findings(run: Run) -> List[Finding]:
     return out
 
 
-def breakdown(run: Run) -> Dict[str, float]:
-    """Mean ms per step: data wait, h2d, forward, backward, optimizer, other, and the total."""
-    st = Steps(run)
+def breakdown(st: Steps) -> Dict[str, float]:
+    """Mean ms per step of the run's timed steps: data wait, h2d, forward, backward, optimizer,
+    other, and the total."""
     if len(st) == 0:
         return {}
     parts = {"data_wait": DATA_WAIT, "h2d": H2D_MS, "forward": PREFIX + "region/forward_ms",
