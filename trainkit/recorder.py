@@ -10,6 +10,8 @@ bandwidth) and writes one event per completed step.
 from __future__ import annotations
 
 import collections
+import functools
+import operator
 import threading
 import time
 from typing import Any, Callable, Deque, Dict, List, Optional
@@ -72,18 +74,20 @@ def _combine(tag: str, values: List[float]) -> float:
 def derive(values: Dict[str, float]) -> Dict[str, float]:
     """Replace the internal tags of one step by the rates they feed (in place)."""
     out = values
-    step_ms = values.get(STEP_TIME)
-    items = values.get(ITEMS)
-    if step_ms and items:
-        out[SAMPLES_PER_S] = items / (step_ms / 1e3)
-    nbytes = values.get(H2D_BYTES)
-    copy_ms = values.get(H2D_MS)
-    if nbytes and copy_ms:
-        out[H2D_GBPS] = nbytes / (copy_ms / 1e3) / 1e9
-    if nbytes:
-        out[H2D_PINNED_PCT] = 100.0 * values.get(H2D_PINNED_BYTES, 0.0) / nbytes
-    for internal in (ITEMS, H2D_BYTES, H2D_PINNED_BYTES, STEP_END):
-        out.pop(internal, None)
+    values.pop(STEP_END, None)
+    items = values.pop(ITEMS, None)
+    if items:
+        step_ms = values.get(STEP_TIME)
+        if step_ms:
+            out[SAMPLES_PER_S] = items / (step_ms / 1e3)
+    if H2D_BYTES in values or H2D_PINNED_BYTES in values:
+        nbytes = values.pop(H2D_BYTES, None)
+        pinned = values.pop(H2D_PINNED_BYTES, 0.0)
+        copy_ms = values.get(H2D_MS)
+        if nbytes and copy_ms:
+            out[H2D_GBPS] = nbytes / (copy_ms / 1e3) / 1e9
+        if nbytes:
+            out[H2D_PINNED_PCT] = 100.0 * pinned / nbytes
     return out
 
 
@@ -232,7 +236,7 @@ class Recorder:
                 opened[step] = tags
                 break  # the GPU has not got there yet; keep steps in order
             end = combined.get(STEP_END)
-            wall = None if end is None else self._wall0 + (end - self._perf0)
+            wall = time.time() if end is None else self._wall0 + (end - self._perf0)
             write(step=step, values=derive(combined), wall_time=wall)
 
     def close(self) -> None:
@@ -266,6 +270,7 @@ class Recorder:
 
 
 _NUMBER = (int, float)
+_is_float = functools.partial(operator.is_, float)  # of a type: a C call, not a Python frame
 #: A flush writes a completed step early, mid-pass, once a record this many steps later shows up.
 _BEHIND = 8
 
@@ -282,6 +287,8 @@ def _add(tags: Dict[str, Any], tag: str, value: Any) -> None:
 
 def _combine_step(tags: Dict[str, Any], final: bool) -> Optional[Dict[str, float]]:
     """``tag -> value`` of one step, or None when a GPU value is not ready (and not ``final``)."""
+    if all(map(_is_float, map(type, tags.values()))):  # the common step: one float a tag
+        return tags
     if not final:  # every value first: a pending one is released once read, so none is read
         for values in tags.values():  # before all of the step's are ready
             if values.__class__ is not float:

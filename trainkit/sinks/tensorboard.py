@@ -45,12 +45,14 @@ def _masked_crc_bytes(data: bytes) -> bytes:
 #   Summary { repeated Value value = 1; }
 #   Value   { string tag = 1; float simple_value = 2; }
 # tests/sinks check that protobuf parses these bytes into the same Event.
-_pack_double = struct.Struct("<d").pack
+_pack_wall = struct.Struct("<Bd").pack  # wall_time's key (field 1, 64-bit), then the double
 _pack_float = struct.Struct("<f").pack
 _value_prefix: Dict[str, bytes] = {}
 
 
 def _varint(n: int) -> bytes:
+    if 0 <= n < 0x4000:  # a step below 16384, a tag, a summary's length: one or two bytes
+        return _VARINT1[n] if n < 0x80 else bytes((n & 0x7F | 0x80, n >> 7))
     out = bytearray()
     n &= 0xFFFFFFFFFFFFFFFF  # int64 on the wire: negative numbers as 10-byte two's complement
     while True:
@@ -61,6 +63,9 @@ def _varint(n: int) -> bytes:
         else:
             out.append(byte)
             return bytes(out)
+
+
+_VARINT1 = tuple(bytes((i,)) for i in range(0x80))
 
 
 def _prefix(tag: str) -> bytes:
@@ -107,8 +112,8 @@ def encode_scalars(step: int, values: Mapping[str, float], wall_time: float) -> 
         summary = b"".join([_prefix(tag) + _float32(v) for tag, v in values.items()])
         head = b"\x2a" + _varint(len(summary))
     # proto3 leaves a zero step out; so do we, to stay byte-identical to the protobuf library.
-    return (b"\x09" + _pack_double(wall_time) + (b"\x10" + _varint(step) if step else b"")
-            + head + summary)
+    return b"".join((_pack_wall(9, wall_time), b"\x10" + _varint(step) if step else b"", head,
+                     summary))
 
 
 class EventFileWriter:
@@ -140,9 +145,16 @@ class EventFileWriter:
     def _write_record(self, data: bytes) -> None:
         if self._file is None:
             raise ValueError(f"event file {self.path!r} is closed; open a new session to write again")
-        header = _pack_len(len(data))
-        self._file.write(b"".join((header, _masked_crc_bytes(header), data,
-                                   _masked_crc_bytes(data))))
+        n = len(data)
+        header = _headers.get(n)  # a step's events repeat their length: its header and CRC too
+        if header is None:
+            header = _pack_len(n)
+            header += _masked_crc_bytes(header)
+            if len(_headers) < 10_000:
+                _headers[n] = header
+        x = _crc32c(data) & 0xFFFFFFFF  # masked_crc32c, inline: once per step
+        self._file.write(b"".join((header, data,
+                                   _pack_crc((((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF))))
 
     def write_scalars(self, *, step: int, values: Mapping[str, float],
                       wall_time: Optional[float] = None) -> None:
@@ -174,5 +186,7 @@ class EventFileWriter:
             self._file = None
 
 
+#: record length -> the record's header (its length, and that length's masked CRC)
+_headers: Dict[int, bytes] = {}
 # Two sessions started within the same second in one process must not share a file name.
 _file_ids = itertools.count(1)
