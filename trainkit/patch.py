@@ -327,6 +327,9 @@ def _unpatch_optimizer(opt: Any) -> Any:
     _patched.discard(opt)
     if p.undo_fused is not None:
         p.undo_fused()
+    compiled = getattr(p.core, "trainkit_compiled", None)
+    if compiled is not None:  # its load_state_dict hooks (compiled_step._keep_state_tensors)
+        compiled.release(opt)
     return opt
 
 

@@ -3,6 +3,7 @@ tensors, which the compiled step's guards (on the tensors' identity) took for a 
 and a warning telling the user to keep a value constant that they had no hand in."""
 from __future__ import annotations
 
+import copy
 import io
 import warnings
 
@@ -55,3 +56,26 @@ def test_loading_a_checkpoint_mid_run_causes_no_recompile(tmp_path):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     # the loaded values are in force, and the state is the optimizer's own (no alias of the dict)
     assert all(int(st["step"]) == 8 for st in opt.state.values())
+
+
+def test_unpatch_gives_load_state_dict_back_to_torch():
+    """The hooks that keep state tensors in place live while a compiled step uses the optimizer:
+    after ``tk.unpatch`` (the last user gone) ``load_state_dict`` replaces them as torch's own."""
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    hooks = (opt._optimizer_load_state_dict_pre_hooks, opt._optimizer_load_state_dict_post_hooks)
+    tk.patch(opt, compile=True)
+    tk.patch(opt, compile=True)  # idempotent: one user still
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    assert all(len(h) == 1 for h in hooks)
+    p = next(model.parameters())
+    kept = opt.state[p]["exp_avg"]
+    opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # a checkpoint's own tensors
+    assert opt.state[p]["exp_avg"] is kept  # copied into, while compiled
+
+    tk.unpatch(opt)
+    assert all(len(h) == 0 for h in hooks) and "_trainkit_keeps_state" not in vars(opt)
+    opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    assert opt.state[p]["exp_avg"] is not kept  # torch's own behaviour again
+    tk.unpatch(opt)  # twice: nothing left to undo

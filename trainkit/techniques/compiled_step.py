@@ -123,6 +123,12 @@ class _Compiled:
             _keep_state_tensors(opt)
         return h
 
+    def release(self, opt: Any) -> None:
+        """Forget ``opt`` (``tk.unpatch``): what this step changed on it for compiling is undone."""
+        h = self._hyper.pop(id(opt), None)
+        if h is not None and h.opt is opt:
+            _release_state_tensors(opt)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         saved: List[Tuple[Dict[str, Any], str, Any]] = []
         frames0, fails0 = _dynamo_marks()
@@ -168,12 +174,19 @@ class _Compiled:
                 RuntimeWarning, stacklevel=3)
 
 
+_KEEPER = "_trainkit_keeps_state"  # on the optimizer: [hook handles, how many compiled steps use them]
+
+
 def _keep_state_tensors(opt: Any) -> None:
     """Make ``opt.load_state_dict`` copy into the state tensors it replaces (same shape, dtype
-    and device), once per optimizer: the compiled step guards on their identity, so a checkpoint
-    loaded mid-run (a resume) was a recompile after warm-up, and its warning."""
-    if getattr(opt, "_trainkit_keeps_state", False) or not hasattr(
-            opt, "register_load_state_dict_post_hook"):
+    and device), while a compiled step uses ``opt``: the compiled step guards on their identity,
+    so a checkpoint loaded mid-run (a resume) was a recompile after warm-up, and its warning.
+    :func:`_release_state_tensors` undoes it (``tk.unpatch``)."""
+    keeper = opt.__dict__.get(_KEEPER)
+    if keeper is not None:
+        keeper[1] += 1
+        return
+    if not hasattr(opt, "register_load_state_dict_post_hook"):
         return
     import torch
 
@@ -195,9 +208,21 @@ def _keep_state_tensors(opt: Any) -> None:
                         t.copy_(value)
                         st[key] = t
 
-    opt.register_load_state_dict_pre_hook(pre)
-    opt.register_load_state_dict_post_hook(post)
-    opt._trainkit_keeps_state = True
+    opt.__dict__[_KEEPER] = [(opt.register_load_state_dict_pre_hook(pre),
+                              opt.register_load_state_dict_post_hook(post)), 1]
+
+
+def _release_state_tensors(opt: Any) -> None:
+    """One compiled step no longer uses ``opt``: the last one removes the hooks
+    :func:`_keep_state_tensors` added (``load_state_dict`` replaces state tensors again)."""
+    keeper = opt.__dict__.get(_KEEPER)
+    if keeper is None:
+        return
+    keeper[1] -= 1
+    if keeper[1] <= 0:
+        for handle in keeper[0]:
+            handle.remove()
+        del opt.__dict__[_KEEPER]
 
 
 # -- public ------------------------------------------------------------------------------------------
