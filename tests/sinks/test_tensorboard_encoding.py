@@ -9,7 +9,7 @@ from tensorboard.compat.proto import event_pb2
 from trainkit.sinks.tensorboard import EventFileWriter, encode_scalars, masked_crc32c
 
 
-@pytest.mark.parametrize("step", [0, 1, 127, 128, 300, 16383, 16384, 2**21, 2**31 + 5, -1])
+@pytest.mark.parametrize("step", [0, 1, 127, 128, 300, 16383, 16384, 2**21 - 1, 2**21, 2**31 + 5, -1])
 def test_encoding_parses_into_the_same_event(step):
     values = {"trainkit/step_time_ms": 12.5, "loss": -0.25, "é/ünïcode": 3.0, "x" * 200: 1e30}
     data = encode_scalars(step, values, 1700000000.125)

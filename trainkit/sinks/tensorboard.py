@@ -51,8 +51,12 @@ _value_prefix: Dict[str, bytes] = {}
 
 
 def _varint(n: int) -> bytes:
-    if 0 <= n < 0x4000:  # a step below 16384, a tag, a summary's length: one or two bytes
-        return _VARINT1[n] if n < 0x80 else bytes((n & 0x7F | 0x80, n >> 7))
+    if 0 <= n < 0x200000:  # a tag's or a summary's length, a step below 2**21: 1 to 3 bytes
+        if n < 0x80:
+            return _VARINT1[n]
+        if n < 0x4000:
+            return bytes((n & 0x7F | 0x80, n >> 7))
+        return bytes((n & 0x7F | 0x80, n >> 7 & 0x7F | 0x80, n >> 14))
     out = bytearray()
     n &= 0xFFFFFFFFFFFFFFFF  # int64 on the wire: negative numbers as 10-byte two's complement
     while True:
