@@ -51,3 +51,20 @@ def test_writer_file_reads_back(tmp_path):
     ea.Reload()
     assert [(e.step, e.value, e.wall_time) for e in ea.Scalars("a")] == [(5, 1.5, 10.0)]
     assert "notes" in ea.Tags()["tensors"]
+
+
+def test_sessions_of_one_second_sort_in_the_order_they_started(tmp_path, monkeypatch):
+    """TensorBoard (and trainkit's analysis, which takes the latest session) read a folder's event
+    files in name order: the ninth and tenth writer of one process within one second too."""
+    import itertools
+
+    from trainkit.sinks import tensorboard as tb
+
+    monkeypatch.setattr(tb, "_file_ids", itertools.count(8))
+    monkeypatch.setattr(tb.time, "time", lambda: 1700000000.5)
+    made = []
+    for _ in range(4):  # counters 8, 9, 10, 11
+        w = EventFileWriter(str(tmp_path))
+        made.append(w.path.rsplit("/", 1)[1])
+        w.close()
+    assert sorted(made) == made

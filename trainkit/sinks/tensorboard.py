@@ -136,7 +136,7 @@ class EventFileWriter:
         self._event_pb2 = event_pb2
         self._summary_pb2 = summary_pb2
         os.makedirs(logdir, exist_ok=True)
-        name = "events.out.tfevents.%010d.%s.%d.%d%s" % (
+        name = "events.out.tfevents.%010d.%s.%d.%06d%s" % (
             int(time.time()), socket.gethostname(), os.getpid(), next(_file_ids), filename_suffix)
         self.path = os.path.join(logdir, name)
         self._file: Optional[IO[bytes]] = open(self.path, "ab")
@@ -192,5 +192,7 @@ class EventFileWriter:
 
 #: record length -> the record's header (its length, and that length's masked CRC)
 _headers: Dict[int, bytes] = {}
-# Two sessions started within the same second in one process must not share a file name.
+# Two sessions started within the same second in one process must not share a file name, and
+# sort (TensorBoard reads a folder's files in name order) in the order they started: the
+# counter is zero-padded, so the tenth session's ".000010" sorts after the ninth's.
 _file_ids = itertools.count(1)
