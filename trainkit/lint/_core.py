@@ -21,13 +21,12 @@ from functools import cached_property
 from typing import Dict, FrozenSet, Iterator, List, Optional, Set, Tuple, Union
 
 from trainkit.lint._calls import calls_step_function, step_function_names
-from trainkit.lint._nodes import dotted, find_modulo, is_device_check, is_reciprocal, method_name, pos, receiver
+from trainkit.lint._conditions import Branching
+from trainkit.lint._nodes import dotted, is_reciprocal, method_name, pos, receiver
 
 LoopNode = Union[ast.For, ast.AsyncFor, ast.While]
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
-# ``case`` blocks of a ``match`` (Python 3.10+): each runs only when its pattern matches.
-_MATCH_CASE: Tuple[type, ...] = (ast.match_case,) if hasattr(ast, "match_case") else ()
 # Bodies that run at another time than the loop iteration that contains them.
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
@@ -267,8 +266,12 @@ class FileContext:
 
 
 @dataclass(frozen=True)
-class TrainingLoop:
-    """A training loop and the nodes of its own iteration, in source order."""
+class TrainingLoop(Branching):
+    """A training loop and the nodes of its own iteration, in source order.
+
+    Which conditions each node runs under (``guards``, ``branches``, ``exclusive``,
+    ``modulo_guard``) comes from :class:`trainkit.lint._conditions.Branching`.
+    """
 
     ctx: FileContext
     node: LoopNode
@@ -289,111 +292,3 @@ class TrainingLoop:
     def step_calls(self) -> List[ast.Call]:
         """The optimizer / scaler ``.step(`` calls of the iteration."""
         return [c for c in self.calls if self.ctx.is_step(c)]
-
-    def guards(self, node: ast.AST) -> List[ast.AST]:
-        """The ``if``/``case``/``except``/``with`` blocks between ``node`` and the loop, innermost first.
-
-        For an ``if`` the node is returned only when ``node`` sits in its body
-        or else branch (not in its test).
-        """
-        out: List[ast.AST] = []
-        child = node
-        for parent in self.ctx.ancestors(node, stop=self.node):
-            if isinstance(parent, ast.If) and child is not parent.test:
-                out.append(parent)
-            elif isinstance(parent, (ast.ExceptHandler, ast.With, ast.AsyncWith, ast.IfExp) + _MATCH_CASE):
-                out.append(parent)
-            child = parent
-        return out
-
-    def is_conditional(self, node: ast.AST) -> bool:
-        """Whether ``node`` is skipped on some iterations (under an ``if``, ``case`` or ``except``).
-
-        An ``if`` that only checks which device there is (``torch.cuda.is_available()``,
-        ``device.type == "cuda"``) is not a condition: on a given machine it takes the
-        same branch on every iteration.
-        """
-        for guard in self.guards(node):
-            if isinstance(guard, (ast.If, ast.IfExp)) and not is_device_check(guard.test):
-                return True
-            if isinstance(guard, (ast.ExceptHandler,) + _MATCH_CASE):
-                return True
-        return False
-
-    def branches(self, node: ast.AST) -> List[Tuple[ast.AST, object]]:
-        """The conditional branches ``node`` sits in, innermost first: ``(if, "body")``, ``(match, 2)``."""
-        out: List[Tuple[ast.AST, object]] = []
-        child = node
-        for parent in self.ctx.ancestors(node, stop=self.node):
-            if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
-                if isinstance(parent.body, list):
-                    in_body = any(child is s for s in parent.body)
-                else:  # an IfExp's body is one expression
-                    in_body = child is parent.body
-                out.append((parent, "body" if in_body else "orelse"))
-            elif _MATCH_CASE and isinstance(parent, _MATCH_CASE):
-                match = self.ctx.parents.get(parent)
-                if match is not None:
-                    out.append((match, next(i for i, case in enumerate(match.cases) if case is parent)))
-            child = parent
-        return out
-
-    def _same_test(self, first: ast.If, second: ast.If) -> bool:
-        """Two ``if`` statements testing one unchanged value: ``if use_amp:`` twice in an iteration.
-
-        The test must read names only (no call, which could answer differently), and none
-        of them may be assigned between the two ``if`` statements.
-        """
-        if ast.dump(first.test) != ast.dump(second.test):
-            return False
-        if any(isinstance(n, (ast.Call, ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)) for n in ast.walk(first.test)):
-            return False
-        read = {dotted(n) for n in ast.walk(first.test) if isinstance(n, (ast.Name, ast.Attribute))}
-        read.discard(None)
-        low, high = sorted((pos(first), pos(second)))
-        for n in self.region:
-            if low < pos(n) < high and isinstance(getattr(n, "ctx", None), (ast.Store, ast.Del)):
-                name = dotted(n)
-                if name is not None and any(r == name or r.startswith(name + ".") for r in read):  # type: ignore[union-attr]
-                    return False
-        return True
-
-    def exclusive(self, a: ast.AST, b: ast.AST) -> bool:
-        """Whether ``a`` and ``b`` never both run in one iteration.
-
-        They sit in opposite branches of one ``if`` (or in two ``case`` blocks of one
-        ``match``), or in opposite branches of two ``if`` statements with the same test whose
-        names are not reassigned between them (``if use_amp: ... if use_amp: ... else: ...``).
-        """
-        path_a = self.branches(a)
-        path_b = self.branches(b)
-        for owner_a, side_a in path_a:
-            for owner_b, side_b in path_b:
-                if (owner_a is not owner_b and side_a != side_b and isinstance(owner_a, ast.If)
-                        and isinstance(owner_b, ast.If) and self._same_test(owner_a, owner_b)):
-                    return True
-        sides_a = {id(owner): side for owner, side in path_a}
-        for owner, side in path_b:
-            if id(owner) in sides_a:
-                return side != sides_a[id(owner)]
-        return False
-
-    def modulo_guard(self, node: ast.AST) -> Optional[ast.AST]:
-        """The innermost enclosing ``if`` (or ``case``) whose condition uses ``%``, if any."""
-        for guard in self.guards(node):
-            if isinstance(guard, ast.If) or (_MATCH_CASE and isinstance(guard, _MATCH_CASE)):
-                if self.guard_modulo(guard) is not None:
-                    return guard
-        return None
-
-    def guard_modulo(self, guard: ast.AST) -> Optional[ast.BinOp]:
-        """The ``a % b`` of an ``if`` test, or of a ``case``'s ``match`` subject or guard."""
-        if isinstance(guard, ast.If):
-            return find_modulo(guard.test)
-        if _MATCH_CASE and isinstance(guard, _MATCH_CASE):
-            match = self.ctx.parents.get(guard)
-            for expr in (getattr(match, "subject", None), guard.guard):  # type: ignore[attr-defined]
-                found = find_modulo(expr) if expr is not None else None
-                if found is not None:
-                    return found
-        return None

@@ -1,0 +1,267 @@
+"""When a statement of a training loop's iteration runs: the conditions around it.
+
+:class:`Branching` is the part of :class:`trainkit.lint._core.TrainingLoop` that answers
+which ``if``/``case``/``except`` blocks a node sits in, on which side, whether two nodes
+ever run in the same iteration, and which ``if`` tests a modulo (an accumulation's
+``if (i + 1) % n == 0:``).
+
+Two spellings of such a test are followed besides the plain ``if``:
+
+* an *early exit*: ``if (i + 1) % n != 0: continue`` (a branch ending in ``continue``)
+  guards the rest of its block, which runs only on the other side of that ``if``
+  (timm's train loop). Only exits whose test uses ``%`` count: ``if x is None: continue``
+  filters data and leaves the rest running on (nearly) every batch;
+* a *named test*: ``need_update = last_batch or (i + 1) % n == 0`` bound once in the
+  iteration, then ``if need_update:`` or ``if not need_update: continue``.
+"""
+from __future__ import annotations
+
+import ast
+from functools import cached_property
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
+
+from trainkit.lint._nodes import dotted, find_modulo, is_device_check, pos
+
+if TYPE_CHECKING:
+    from trainkit.lint._core import FileContext, LoopNode
+
+# ``case`` blocks of a ``match`` (Python 3.10+): each runs only when its pattern matches.
+_MATCH_CASE: Tuple[type, ...] = (ast.match_case,) if hasattr(ast, "match_case") else ()
+
+_Exit = Tuple[ast.If, str]  # an early-exit ``if`` and the side the rest of its block runs on
+
+
+def exit_side(stmt: ast.AST) -> Optional[str]:
+    """``"orelse"`` for ``if c: ...; continue`` (the rest of the block runs where ``c`` is false),
+    ``"body"`` for ``if c: ... else: continue``, None for any other statement."""
+    if not isinstance(stmt, ast.If):
+        return None
+    body = bool(stmt.body) and isinstance(stmt.body[-1], ast.Continue)
+    orelse = bool(stmt.orelse) and isinstance(stmt.orelse[-1], ast.Continue)
+    if body and not orelse:
+        return "orelse"
+    if orelse and not body:
+        return "body"
+    return None  # no exit, or both sides exit (the rest of the block never runs)
+
+
+class Branching:
+    """Conditions of a loop iteration; mixed into ``TrainingLoop`` (which has ``ctx``, ``node``, ``region``)."""
+
+    ctx: "FileContext"
+    node: "LoopNode"
+    region: List[ast.AST]
+
+    # -- named tests and early exits -----------------------------------------
+
+    @cached_property
+    def named_tests(self) -> Dict[str, ast.Assign]:
+        """Plain names bound exactly once in the iteration, by ``name = value``: ``need_update = ...``."""
+        binds: Dict[str, List[ast.Name]] = {}
+        for n in self.region:
+            if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+                binds.setdefault(n.id, []).append(n)
+        out: Dict[str, ast.Assign] = {}
+        for name, nodes in binds.items():
+            parent = self.ctx.parents.get(nodes[0])
+            if len(nodes) == 1 and isinstance(parent, ast.Assign) and parent.targets == [nodes[0]]:
+                out[name] = parent
+        return out
+
+    def resolved(self, expr: ast.expr, depth: int = 0) -> ast.expr:
+        """``expr`` with each named test it reads (through ``not``/``and``/``or``) replaced by its value.
+
+        The value's own nodes are kept (so a finding points at the assignment's line); only
+        the ``not``/``and``/``or`` above them are new.
+        """
+        if depth > 8:
+            return expr
+        if isinstance(expr, ast.Name) and isinstance(expr.ctx, ast.Load):
+            bound = self.named_tests.get(expr.id)
+            if bound is not None and pos(bound) < pos(expr):
+                return self.resolved(bound.value, depth + 1)
+            return expr
+        if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+            return ast.copy_location(ast.UnaryOp(op=ast.Not(), operand=self.resolved(expr.operand, depth + 1)), expr)
+        if isinstance(expr, ast.BoolOp):
+            return ast.copy_location(ast.BoolOp(op=expr.op, values=[self.resolved(v, depth + 1) for v in expr.values]), expr)
+        return expr
+
+    @cached_property
+    def _exits_before(self) -> Dict[ast.AST, List[_Exit]]:
+        """Statement -> the early exits on a ``%`` test before it in its block, nearest first."""
+        blocks: List[List[ast.stmt]] = [self.node.body]
+        for n in self.region:
+            for field in ("body", "orelse", "finalbody"):
+                block = getattr(n, field, None)
+                if isinstance(block, list):
+                    blocks.append(block)
+        out: Dict[ast.AST, List[_Exit]] = {}
+        for block in blocks:
+            seen: List[_Exit] = []
+            for stmt in block:
+                if seen:
+                    out[stmt] = seen[::-1]
+                side = exit_side(stmt)
+                if side is not None and self.guard_modulo(stmt) is not None:
+                    seen.append((stmt, side))  # type: ignore[arg-type]
+        return out
+
+    def _path(self, node: ast.AST) -> Iterator[Tuple[ast.AST, ast.AST]]:
+        """``(parent, child)`` from ``node`` up to the loop; an early exit before ``child`` comes as
+        ``(exit_if, child)``, before ``child``'s own parent (it is nearer)."""
+        child = node
+        for parent in self.ctx.ancestors(node, stop=self.node):
+            for exit_if, _ in self._exits_before.get(child, ()):
+                yield exit_if, child
+            yield parent, child
+            child = parent
+        for exit_if, _ in self._exits_before.get(child, ()):
+            yield exit_if, child
+
+    def _exit_side(self, owner: ast.AST, child: ast.AST) -> Optional[str]:
+        """The side of early exit ``owner`` that ``child`` (a later statement of its block) runs on."""
+        if isinstance(owner, ast.If) and child is not owner.test and not any(
+                child is s for s in owner.body + owner.orelse):
+            return exit_side(owner)
+        return None
+
+    # -- guards and branches --------------------------------------------------
+
+    def guards(self, node: ast.AST) -> List[ast.AST]:
+        """The ``if``/``case``/``except``/``with`` blocks between ``node`` and the loop, innermost first.
+
+        For an ``if`` the node is returned only when ``node`` sits in its body
+        or else branch (not in its test), or after it when it is an early exit on a ``%``
+        test (``if i % n != 0: continue``).
+        """
+        out: List[ast.AST] = []
+        for parent, child in self._path(node):
+            if isinstance(parent, ast.If) and child is not parent.test:
+                out.append(parent)
+            elif isinstance(parent, (ast.ExceptHandler, ast.With, ast.AsyncWith, ast.IfExp) + _MATCH_CASE):
+                out.append(parent)
+        return out
+
+    def is_conditional(self, node: ast.AST) -> bool:
+        """Whether ``node`` is skipped on some iterations (under an ``if``, ``case`` or ``except``).
+
+        An ``if`` that only checks which device there is (``torch.cuda.is_available()``,
+        ``device.type == "cuda"``) is not a condition: on a given machine it takes the
+        same branch on every iteration.
+        """
+        for guard in self.guards(node):
+            if isinstance(guard, (ast.If, ast.IfExp)) and not is_device_check(guard.test):
+                return True
+            if isinstance(guard, (ast.ExceptHandler,) + _MATCH_CASE):
+                return True
+        return False
+
+    def branches(self, node: ast.AST) -> List[Tuple[ast.AST, object]]:
+        """The conditional branches ``node`` sits in, innermost first: ``(if, "body")``, ``(match, 2)``.
+
+        After an early exit ``if c: continue``, ``node`` is on that ``if``'s ``"orelse"`` side.
+        """
+        out: List[Tuple[ast.AST, object]] = []
+        for parent, child in self._path(node):
+            side = self._exit_side(parent, child)
+            if side is not None:
+                out.append((parent, side))
+            elif isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
+                if isinstance(parent.body, list):
+                    in_body = any(child is s for s in parent.body)
+                else:  # an IfExp's body is one expression
+                    in_body = child is parent.body
+                out.append((parent, "body" if in_body else "orelse"))
+            elif _MATCH_CASE and isinstance(parent, _MATCH_CASE):
+                match = self.ctx.parents.get(parent)
+                if match is not None:
+                    out.append((match, next(i for i, case in enumerate(match.cases) if case is parent)))
+        return out
+
+    def side_of(self, node: ast.AST, guard: ast.AST) -> Optional[object]:
+        """The side of ``guard`` (an ``if`` or ``match``) that ``node`` runs on, if it sits in one."""
+        return next((side for owner, side in self.branches(node) if owner is guard), None)
+
+    def _same_test(self, first: ast.If, second: ast.If) -> bool:
+        """Two ``if`` statements testing one unchanged value: ``if use_amp:`` twice in an iteration.
+
+        The test must read names only (no call, which could answer differently), and none
+        of them may be assigned between the two ``if`` statements.
+        """
+        if ast.dump(first.test) != ast.dump(second.test):
+            return False
+        if any(isinstance(n, (ast.Call, ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)) for n in ast.walk(first.test)):
+            return False
+        read = {dotted(n) for n in ast.walk(first.test) if isinstance(n, (ast.Name, ast.Attribute))}
+        read.discard(None)
+        low, high = sorted((pos(first), pos(second)))
+        for n in self.region:
+            if low < pos(n) < high and isinstance(getattr(n, "ctx", None), (ast.Store, ast.Del)):
+                name = dotted(n)
+                if name is not None and any(r == name or r.startswith(name + ".") for r in read):  # type: ignore[union-attr]
+                    return False
+        return True
+
+    def exclusive(self, a: ast.AST, b: ast.AST) -> bool:
+        """Whether ``a`` and ``b`` never both run in one iteration.
+
+        They sit in opposite branches of one ``if`` (or in two ``case`` blocks of one
+        ``match``), or in opposite branches of two ``if`` statements with the same test whose
+        names are not reassigned between them (``if use_amp: ... if use_amp: ... else: ...``).
+        """
+        path_a = self.branches(a)
+        path_b = self.branches(b)
+        for owner_a, side_a in path_a:
+            for owner_b, side_b in path_b:
+                if (owner_a is not owner_b and side_a != side_b and isinstance(owner_a, ast.If)
+                        and isinstance(owner_b, ast.If) and self._same_test(owner_a, owner_b)):
+                    return True
+        sides_a = {id(owner): side for owner, side in path_a}
+        for owner, side in path_b:
+            if id(owner) in sides_a:
+                return side != sides_a[id(owner)]
+        return False
+
+    # -- modulo tests ---------------------------------------------------------
+
+    def modulo_guard(self, node: ast.AST) -> Optional[ast.AST]:
+        """The innermost enclosing ``if`` (or ``case``) whose condition uses ``%``, if any.
+
+        An early exit on a ``%`` test before ``node`` (``if i % n != 0: continue``) counts,
+        and so does a named test bound to one (``if need_update:``).
+        """
+        for guard in self.guards(node):
+            if isinstance(guard, ast.If) or (_MATCH_CASE and isinstance(guard, _MATCH_CASE)):
+                if self.guard_modulo(guard) is not None:
+                    return guard
+        return None
+
+    def guard_modulo(self, guard: ast.AST) -> Optional[ast.BinOp]:
+        """The ``a % b`` of an ``if`` test (through its named tests), or of a ``case``'s ``match`` subject or guard."""
+        if isinstance(guard, ast.If):
+            return find_modulo(self.resolved(guard.test))
+        if _MATCH_CASE and isinstance(guard, _MATCH_CASE):
+            match = self.ctx.parents.get(guard)
+            for expr in (getattr(match, "subject", None), guard.guard):  # type: ignore[attr-defined]
+                found = find_modulo(expr) if expr is not None else None
+                if found is not None:
+                    return found
+        return None
+
+    def tests_for(self, guard: ast.If, side: object) -> Iterator[Tuple[ast.Compare, bool]]:
+        """Each comparison of ``guard``'s test (through ``not``/``and``/``or`` and named tests), with
+        whether it being true leads to ``side``: for ``if i % n != 0: continue``, the rest of the
+        block (``"orelse"``) runs when ``i % n != 0`` is false.
+        """
+        stack: List[Tuple[ast.AST, bool]] = [(self.resolved(guard.test), side == "body")]
+        while stack:
+            expr, positive = stack.pop()
+            if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+                stack.append((expr.operand, not positive))
+            elif isinstance(expr, ast.BoolOp):
+                stack.extend((v, positive) for v in reversed(expr.values))
+            elif isinstance(expr, ast.Compare):
+                yield expr, positive
+            else:
+                stack.extend((n, positive) for n in ast.iter_child_nodes(expr))
