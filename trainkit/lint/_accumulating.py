@@ -1,7 +1,8 @@
 """Which loops accumulate gradients by hand, for which step, over which backwards.
 
 The model the TK1xx rules of :mod:`trainkit.lint.accumulation` share: a loop accumulates
-for an optimizer or scaler ``step()`` under ``if ... % n ...`` when some backward also
+for an optimizer or scaler ``step()`` under ``if ... % n ...`` (or after an early exit
+``if ... % n ...: continue``, or under a name bound to such a test) when some backward also
 runs on batches where that step does not, and its gradients are neither wiped nor used by
 another optimizer first.
 """
@@ -11,6 +12,7 @@ import ast
 from dataclasses import dataclass
 from typing import Iterator, Optional, Tuple
 
+from trainkit.lint._conditions import exit_side
 from trainkit.lint._core import FileContext, TrainingLoop
 from trainkit.lint._nodes import dotted, method_name, pos, receiver
 
@@ -22,6 +24,7 @@ class Accumulation:
     Attributes:
         loop: The training loop.
         step: The first ``step()`` under ``if ... % n ...`` that sums several backwards.
+        guard: That ``if`` (or ``case``): around the step, or an early exit before it.
         every: ``n`` as written in the ``%``.
         optimizer: The name of the optimizer that ``step`` steps, when it is known.
         backwards: The backwards whose gradients that step sums: those that also run
@@ -30,9 +33,19 @@ class Accumulation:
 
     loop: TrainingLoop
     step: ast.Call
+    guard: ast.AST
     every: str
     optimizer: Optional[str]
     backwards: Tuple[ast.Call, ...]
+
+    def place(self, inside: str) -> str:
+        """Where code that must run only with the step goes, for a fix: ``inside`` when the step
+        sits in its ``if``; after an early exit, below that ``if ...: continue``."""
+        if any(p is self.guard for p in self.loop.ctx.ancestors(self.step, stop=self.loop.node)):
+            return inside
+        test = ast.unparse(self.guard.test) if isinstance(self.guard, ast.If) else "..."
+        shown = f"if {test}: continue" if exit_side(self.guard) == "orelse" else f"if {test}: ... else: continue"
+        return f"below `{shown}` (line {self.guard.lineno}) with the step"
 
 
 def stepped_optimizer(ctx: FileContext, step: ast.Call) -> Optional[str]:
@@ -132,5 +145,5 @@ def accumulating_loops(ctx: FileContext) -> Iterator[Accumulation]:
             if backwards:
                 modulo = loop.guard_modulo(guard)
                 every = ast.unparse(modulo.right) if modulo is not None else "N"
-                yield Accumulation(loop, step, every, optimizer, backwards)
+                yield Accumulation(loop, step, guard, every, optimizer, backwards)
                 break

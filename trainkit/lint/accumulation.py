@@ -70,12 +70,13 @@ def check_unnormalised_accumulation(ctx: FileContext) -> Iterator[Hit]:
                 yield Hit(call, f"{head}: the update is `{every}` times too large",
                           f"`{shown} = {shown} / {every}` before backward; {_TK_ACCUMULATE}")
                 continue
+            under = acc.place("under the step's `if`")
             yield Hit(
                 call,
                 f"{head}: for now `{ast.unparse(wipe)}` on line {wipe.lineno} wipes the sum (TK103), so the "
                 f"update is one micro-batch's; once that is fixed, it is `{every}` times too large",
                 f"fix both together: `{shown} = {shown} / {every}` before backward and `{ast.unparse(wipe)}` "
-                f"under the step's `if` (dividing alone makes the update `{every}` times too small); {_TK_ACCUMULATE}",
+                f"{under} (dividing alone makes the update `{every}` times too small); {_TK_ACCUMULATE}",
             )
 
 
@@ -104,7 +105,8 @@ def check_zero_grad_every_micro_batch(ctx: FileContext) -> Iterator[Hit]:
                 call,
                 f"`{ast.unparse(call)}` runs on every micro-batch but the step (line {acc.step.lineno}) "
                 f"runs every `{acc.every}`: the accumulated gradients are wiped, only the last micro-batch is used",
-                f"move `{ast.unparse(call)}` under the same `if` as the step, right after it; {_TK_ACCUMULATE}",
+                f"move `{ast.unparse(call)}` {acc.place('under the same `if` as the step')}, right after it; "
+                f"{_TK_ACCUMULATE}",
             )
 
 
@@ -122,11 +124,11 @@ def check_clip_every_micro_batch(ctx: FileContext) -> Iterator[Hit]:
     """Flag a gradient clip that runs on micro-batches where the accumulating step does not."""
     for acc in accumulating_loops(ctx):
         loop = acc.loop
-        guard = loop.modulo_guard(acc.step)
+        guard = acc.guard
         for call in loop.calls:
             if (ctx.qualname(call.func) or "").rsplit(".", 1)[-1] not in _CLIPS:
                 continue
-            if guard is not None and runs_with(loop, call, guard, acc.step):
+            if runs_with(loop, call, guard, acc.step):
                 continue  # clipped with the step: the window's whole gradient
             if stepped_by_another(ctx, loop, call, acc.optimizer):
                 continue  # another optimizer's gradients, stepped on every batch
@@ -136,9 +138,9 @@ def check_clip_every_micro_batch(ctx: FileContext) -> Iterator[Hit]:
                 f"`{shown}` runs on every micro-batch but the step (line {acc.step.lineno}) runs every "
                 f"`{acc.every}`: it clips the running, partial gradient sum at each micro-batch (rescaling what "
                 "the earlier micro-batches added), not the window's gradient as a big batch would",
-                "move it under the same `if` as the step, right before the step (after `scaler.unscale_(...)` "
-                "with a GradScaler); or `with tk.accumulate(n, optimizer, clip_grad_norm=max_norm):`, which "
-                "clips each window's divided gradient once",
+                f"move it {acc.place('under the same `if` as the step')}, right before the step (after "
+                "`scaler.unscale_(...)` with a GradScaler); or `with tk.accumulate(n, optimizer, "
+                "clip_grad_norm=max_norm):`, which clips each window's divided gradient once",
             )
 
 
@@ -167,11 +169,13 @@ def _zero_based_index(loop: TrainingLoop, name: str) -> bool:
 def check_first_window_of_one(ctx: FileContext) -> Iterator[Hit]:
     """Flag ``if step % n == 0:`` stepping an accumulation where ``step`` comes from ``enumerate(...)``."""
     for acc in accumulating_loops(ctx):
-        guard = acc.loop.modulo_guard(acc.step)
-        if not isinstance(guard, ast.If):
+        guard = acc.guard
+        side = acc.loop.side_of(acc.step, guard)
+        if not isinstance(guard, ast.If) or side is None:
             continue
-        for test in ast.walk(guard.test):
-            if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        # `if i % n == 0: step`, `if i % n != 0: continue` before it, or a name bound to either
+        for test, holds in acc.loop.tests_for(guard, side):
+            if not (len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq if holds else ast.NotEq)):
                 continue
             sides = [test.left, test.comparators[0]]
             modulo = next((x for x in sides if isinstance(x, ast.BinOp) and isinstance(x.op, ast.Mod)), None)
@@ -188,13 +192,14 @@ def check_first_window_of_one(ctx: FileContext) -> Iterator[Hit]:
             else:  # TK102 (or TK101) fires too: dividing is still to come
                 first = (f"its loss not yet divided before backward; once divided by `{every}`, "
                          f"that update is `{every}` times too small")
+            shown = f"`{ast.unparse(test)}`" if holds else f"stepping where `{ast.unparse(test)}` is false,"
             yield Hit(
                 test,
-                f"`{ast.unparse(test)}` with `{index}` counting from 0 (`enumerate(...)`) steps after the very "
+                f"{shown} with `{index}` counting from 0 (`enumerate(...)`) steps after the very "
                 f"first micro-batch: each pass's first window holds one micro-batch ({first}) and every later "
                 "window is shifted by one",
-                f"`({index} + 1) % {every} == 0` (and step once more after the loop for a short last window); "
-                f"{_TK_ACCUMULATE}",
+                f"`({index} + 1) % {every} {'==' if holds else '!='} 0` (and step once more after the loop for a "
+                f"short last window); {_TK_ACCUMULATE}",
             )
             break
 
