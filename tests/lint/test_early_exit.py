@@ -287,3 +287,20 @@ def test_a_periodic_continue_after_the_step_is_not_accumulation() -> None:
             log(i)
     """
     assert _pairs(src) == []
+
+
+def test_a_sync_behind_a_periodic_continue_is_logging_not_tk302() -> None:
+    src = """
+    import torch
+    def train(model, loader, optimizer, log_every):
+        for i, (x, y) in enumerate(loader):
+            loss = model(x.cuda(), y.cuda())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if i % log_every != 0:
+                continue
+            print(f"{i}: {loss.item()}")
+    """
+    assert _pairs(src) == []
+    assert _pairs(src.replace("i % log_every != 0", "x is None")) == [("TK302", 11)]

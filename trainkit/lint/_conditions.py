@@ -126,6 +126,10 @@ class Branching:
             return exit_side(owner)
         return None
 
+    def exits_before(self, node: ast.AST) -> List[ast.If]:
+        """The early exits on a ``%`` test that ``node`` runs behind, innermost first."""
+        return [owner for owner, child in self._path(node) if self._exit_side(owner, child) is not None]  # type: ignore[misc]
+
     # -- guards and branches --------------------------------------------------
 
     def guards(self, node: ast.AST) -> List[ast.AST]:

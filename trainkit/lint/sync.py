@@ -25,7 +25,10 @@ _TENSORISH_RE = re.compile(
 
 
 def _exempt(ctx: FileContext, loop: TrainingLoop, node: ast.AST) -> bool:
-    """Under a logging ``if``, in a validation branch, or under ``torch.no_grad()``."""
+    """Under a logging ``if`` (or behind ``if step % log_every != 0: continue``), in a validation
+    branch, or under ``torch.no_grad()``."""
+    if loop.exits_before(node):
+        return True
     child = node
     for parent in ctx.ancestors(node, stop=loop.node):
         # Only the body is the logging branch; the else branch runs on the plain steps.
