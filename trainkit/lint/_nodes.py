@@ -2,7 +2,8 @@
 
 Dotted names (``self.opt.step`` -> ``"self.opt"``), method names, ``a % b`` in a
 test, device checks, reciprocals, and source positions. The file model that
-uses them (imports, training loops, branches) is in :mod:`trainkit.lint._core`.
+uses them (imports, training loops) is in :mod:`trainkit.lint._core`, the
+conditions a loop's statements run under in :mod:`trainkit.lint._conditions`.
 """
 from __future__ import annotations
 
