@@ -411,3 +411,57 @@ def test_loss_divided_by_n_again_warns_once(divide):
 @pytest.mark.parametrize("divide", [None, lambda l: l / 2, lambda l: l * 3])
 def test_other_losses_do_not_warn(divide):
     assert _amp_window_loop(divide) == []
+
+
+def test_acc_stepped_steps_a_scheduler_once_per_window_as_the_big_batch_does():
+    """``if acc.stepped: scheduler.step()``: the LR moves once per real step (windows 4, 4, 2),
+    as in the big-batch loop; at every micro-batch it would fall 4x too fast."""
+    base = model64()
+    data = batches([5] * 10)
+    ref = copy.deepcopy(base)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=1, gamma=0.5)
+    for i in range(0, len(data), 4):
+        window = data[i:i + 4]
+        ref_opt.zero_grad()
+        x, y = torch.cat([w[0] for w in window]), torch.cat([w[1] for w in window])
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        ref_opt.step()
+        ref_sched.step()
+
+    m = copy.deepcopy(base)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    seen = []
+    with tk.accumulate(4, opt) as acc:
+        assert acc.stepped is False
+        for x, y in data:
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            seen.append(acc.stepped)
+            if acc.stepped:
+                sched.step()
+    assert seen == [False, False, False, True] * 2 + [False, False]
+    assert acc.steps == 3 and sched.last_epoch == 2  # the exit's step of the partial window: after the loop
+    assert max_rel_err(m, ref) < 1e-10
+
+
+def test_acc_stepped_after_a_window_whose_amp_step_was_skipped():
+    m = model64().float()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+    x, y = (t.float() for t in batches([4])[0])
+    seen = []
+    with tk.accumulate(2, opt) as acc:
+        for i in range(4):
+            with tk.autocast_scaled(scaler, dtype="fp16") as amp:
+                loss = torch.nn.functional.mse_loss(m(x), y)
+            if i == 1:
+                loss = loss * float("inf")
+            amp.backward(loss)
+            seen.append((amp.step(opt), acc.stepped))
+            opt.zero_grad()
+    # the skipped window ended all the same: a scheduler steps there, as in a plain AMP loop
+    assert seen == [(True, False), (False, True), (True, False), (True, True)]
+    assert acc.steps == 1 and amp.skipped == 1

@@ -17,75 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 import sys
-from typing import Any, Callable, Iterator, List, Literal, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional
 
-from .._text import brief
 from ..patch import optimizer_patch, patch as _patch_opt, wrap_zero_grad
 from . import data_parallel as dp
+from ._accumulate_args import Normalize, check_args
 
-Normalize = Literal["mean", "items"]
-_NORMALIZE = ("mean", "items")
 #: The accumulate blocks open right now, innermost last: the state of the ``with`` blocks, as
 #: autocast keeps its own; amp.backward reads it to spot a loss divided by n a second time.
 _open: List["Accumulator"] = []
-
-
-def _check(n: Any, optimizer: Any, model: Any, normalize: Any,
-           clip_grad_norm: Any) -> Tuple[int, Optional[float]]:
-    """Refuse bad arguments before any state changes; n as an int, the max norm as a float."""
-    import torch
-
-    if isinstance(n, torch.optim.Optimizer) and isinstance(optimizer, numbers.Integral):
-        raise TypeError(f"accumulate({brief(n)}, {optimizer!r}): the arguments are swapped; "
-                        f"the count comes first, e.g. accumulate({optimizer!r}, optimizer)")
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-        raise ValueError(f"accumulate(n={brief(n)}): n must be a positive int (micro-batches per "
-                         f"optimizer step), e.g. accumulate(4, optimizer)")
-    n = int(n)  # a numpy integer too
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"accumulate({n}, optimizer={brief(optimizer)}): expected a "
-                        f"torch.optim.Optimizer, got {type(optimizer).__name__}; e.g. "
-                        f"accumulate({n}, torch.optim.SGD(model.parameters(), lr=0.1))")
-    if model is not None and not isinstance(model, torch.nn.Module):
-        raise TypeError(f"accumulate({n}, optimizer, model={brief(model)}): model must be the "
-                        f"nn.Module (e.g. the DistributedDataParallel wrapper) or None")
-    if normalize not in _NORMALIZE:
-        raise ValueError(f"accumulate({n}, optimizer, normalize={normalize!r}): normalize must be "
-                         f"one of {', '.join(map(repr, _NORMALIZE))}; use 'items' with "
-                         f"acc.add_items(k) to divide by tokens, e.g. normalize='items'")
-    max_norm = check_clip(clip_grad_norm, f"accumulate({n}, optimizer, ...)")
-    dp.check_model(n, dp.unwrap_compiled(model), normalize)
-    gate = getattr(optimizer_patch(optimizer), "gate", None)
-    if isinstance(gate, Accumulator):
-        raise ValueError(f"accumulate({n}, optimizer): this optimizer is already inside "
-                         f"accumulate({gate.n}, ...); nest nothing, use one accumulate block")
-    if isinstance(optimizer, torch.optim.LBFGS):
-        raise TypeError(f"accumulate({n}, {type(optimizer).__name__}): LBFGS evaluates its closure "
-                        f"several times per step, at new parameters each time, so its steps cannot "
-                        f"be split into micro-batches; use a larger batch in the closure instead")
-    return n, max_norm
-
-
-def check_clip(max_norm: Any, call: str) -> Optional[float]:
-    """``max_norm`` as a float, refusing what is not a finite number > 0 (a negative one flips the
-    gradients, a NaN makes them NaN); None stays None (no clipping)."""
-    if max_norm is None:
-        return None
-    value = math.nan
-    if isinstance(max_norm, numbers.Real) and not isinstance(max_norm, bool):
-        try:
-            value = float(max_norm)
-        except OverflowError:  # an int past float's range
-            value = math.inf
-    elif type(max_norm).__name__ == "Tensor" and max_norm.numel() == 1 \
-            and max_norm.dtype.is_floating_point:
-        value = float(max_norm)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{call}: clip_grad_norm={brief(max_norm)} is not a max norm; pass a "
-                         f"finite number > 0 (or None: no clipping), e.g. clip_grad_norm=1.0")
-    return value
 
 
 def _is_user_scaler_step() -> bool:
@@ -112,6 +53,9 @@ class Accumulator:
         micro_batches: ``optimizer.step()`` calls so far in the current window.
         steps: real optimizer steps so far.
         items: items added with :meth:`add_items` in the current window.
+        stepped: whether the last ``optimizer.step()`` (or ``amp.step``) call ended a window (it
+            stepped, or GradScaler skipped the step for an inf/nan gradient): where a per-step
+            LR scheduler steps, ``if acc.stepped: scheduler.step()``, not at every micro-batch.
     """
 
     def __init__(self, n: int, optimizer: Any, model: Any, normalize: Normalize,
@@ -127,6 +71,7 @@ class Accumulator:
         self.micro_batches = 0
         self.steps = 0
         self.items = 0.0
+        self.stepped = False
         self._prepared = False  # the current window's gradients are synced and divided
         self._force = False  # the exit's step of a partial window
         self._unsynced = False  # the window's last backward ran with DDP/FSDP2 sync off
@@ -177,6 +122,7 @@ class Accumulator:
             self.micro_batches += 1
             self._unsynced = self._sync_off()
             self._zero_held = False
+            self.stepped = False
             return False
         if self.n > 1 and not self._amp_stepping and _is_user_scaler_step():
             # Only at the window's end, yet still wrong: a step GradScaler skips (inf/nan) never
@@ -241,6 +187,8 @@ class Accumulator:
         self.grad_norm = dp.clip_grad_norm(self.optimizer, self.clip_grad_norm, self.model)
 
     def end_window(self, *, stepped: bool) -> None:
+        """The window ends: its step ran (``stepped``), or GradScaler skipped it, or none is due."""
+        self.stepped = True  # for a scheduler, a skipped step ends its window as a real one does
         self.micro_batches = 0
         self._zero_held = False
         self.items = 0.0
@@ -305,6 +253,7 @@ class Accumulator:
         if (self._unsynced or not self._sync) and dp.is_fsdp2(self.model):
             dp.fsdp2_drop_held_back(self.model)
         self.end_window(stepped=False)
+        self.stepped = False
 
     def __repr__(self) -> str:
         return (f"<trainkit.accumulate n={self.n} micro_batches={self.micro_batches} "
@@ -368,8 +317,14 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None, normalize: Normaliz
             for x, y in loader:
                 loss = criterion(model(x), y)
                 loss.backward(); optimizer.step(); optimizer.zero_grad()
+                if acc.stepped:
+                    scheduler.step()
     """
-    n, max_norm = _check(n, optimizer, model, normalize, clip_grad_norm)
+    n, max_norm = check_args(n, optimizer, model, normalize, clip_grad_norm)
+    gate = getattr(optimizer_patch(optimizer), "gate", None)
+    if isinstance(gate, Accumulator):
+        raise ValueError(f"accumulate({n}, optimizer): this optimizer is already inside "
+                         f"accumulate({gate.n}, ...); nest nothing, use one accumulate block")
     _patch_opt(optimizer)
     p = optimizer_patch(optimizer)
     # The data-parallel model itself; the hook and the held zero_grad stay on what the loop

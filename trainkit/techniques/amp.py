@@ -27,7 +27,7 @@ from typing import Any, Iterator, Literal, Optional
 from .._text import brief
 from ..patch import optimizer_patch
 from . import data_parallel as dp
-from .accumulate import check_clip
+from ._accumulate_args import check_clip
 from .divided import warn_if_divided
 from ..session import active as _active_session
 from .. import switches, timing
