@@ -4,7 +4,8 @@ The model the TK1xx rules of :mod:`trainkit.lint.accumulation` share: a loop acc
 for an optimizer or scaler ``step()`` under ``if ... % n ...`` (or after an early exit
 ``if ... % n ...: continue``, or under a name bound to such a test) when some backward also
 runs on batches where that step does not, and its gradients are neither wiped nor used by
-another optimizer first.
+another optimizer first. Also: which ``with`` block of trainkit's own ``tk.accumulate(...)``
+a node sits in (:func:`tk_accumulate_with`), for the rules about those blocks.
 """
 from __future__ import annotations
 
@@ -147,3 +148,20 @@ def accumulating_loops(ctx: FileContext) -> Iterator[Accumulation]:
                 every = ast.unparse(modulo.right) if modulo is not None else "N"
                 yield Accumulation(loop, step, guard, every, optimizer, backwards)
                 break
+
+
+def tk_accumulate_with(ctx: FileContext, node: ast.AST) -> Optional[Tuple[ast.AST, ast.Call]]:
+    """The innermost ``with`` block of trainkit's own accumulate around ``node``, and its ``tk.accumulate(...)`` call.
+
+    Only trainkit's (resolved through the imports): accelerate's ``accumulate`` divides the loss,
+    and its ``clip_grad_norm_`` clips only where the gradients are synced.
+    """
+    for parent in ctx.ancestors(node):
+        if isinstance(parent, (ast.With, ast.AsyncWith)):
+            for item in parent.items:
+                expr = item.context_expr
+                if isinstance(expr, ast.Call):
+                    qual = ctx.qualname(expr.func) or ""
+                    if qual.startswith("trainkit.") and qual.endswith(".accumulate"):
+                        return parent, expr
+    return None

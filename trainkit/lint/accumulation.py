@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Iterator, Optional, Tuple
+from typing import Iterator, Optional
 
-from trainkit.lint._accumulating import Accumulation, accumulating_loops, runs_with, stepped_by_another
+from trainkit.lint._accumulating import (Accumulation, accumulating_loops, runs_with, stepped_by_another,
+                                         tk_accumulate_with)
 from trainkit.lint._core import FileContext, TrainingLoop
 from trainkit.lint._nodes import dotted, method_name, pos, receiver
 from trainkit.lint._loss import (backward_operand, divisor, late_normalisation, loss_of, normalisations_before,
@@ -266,26 +267,9 @@ def _is_count(by: ast.expr, block: ast.Call) -> bool:
     return name is not None and bool(_COUNT_RE.search(name.split(".")[-1]))
 
 
-def _tk_accumulate_with(ctx: FileContext, node: ast.AST) -> Optional[Tuple[ast.AST, ast.Call]]:
-    """The innermost ``with`` block of trainkit's own accumulate around ``node``, and its ``tk.accumulate(...)`` call.
-
-    Only trainkit's (resolved through the imports): accelerate's ``accumulate`` divides the loss,
-    and its ``clip_grad_norm_`` clips only where the gradients are synced.
-    """
-    for parent in ctx.ancestors(node):
-        if isinstance(parent, (ast.With, ast.AsyncWith)):
-            for item in parent.items:
-                expr = item.context_expr
-                if isinstance(expr, ast.Call):
-                    qual = ctx.qualname(expr.func) or ""
-                    if qual.startswith("trainkit.") and qual.endswith(".accumulate"):
-                        return parent, expr
-    return None
-
-
 def _tk_accumulate_block(ctx: FileContext, node: ast.AST) -> Optional[ast.Call]:
     """The ``tk.accumulate(...)`` call of trainkit's own accumulate block around ``node``, if any."""
-    found = _tk_accumulate_with(ctx, node)
+    found = tk_accumulate_with(ctx, node)
     return found[1] if found is not None else None
 
 
@@ -357,7 +341,7 @@ def check_zero_grad_not_held_inside_accumulate(ctx: FileContext) -> Iterator[Hit
     for call in ctx.calls:
         if not isinstance(call.func, ast.Attribute) or call.func.attr != "zero_grad":
             continue
-        found = _tk_accumulate_with(ctx, call)
+        found = tk_accumulate_with(ctx, call)
         if found is None:
             continue
         block, acc = found
