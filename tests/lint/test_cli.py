@@ -177,3 +177,17 @@ def test_a_trailing_comma_in_select_is_accepted() -> None:
     result = lint("--select", "TK3,", f"{BAD}/efficient_template.py")
     assert result.returncode == 1, result.stderr
     assert {line.split(": ")[1].split()[0] for line in result.stdout.splitlines()} == {"TK301"}
+
+
+def test_a_file_given_twice_is_linted_once(capsys: pytest.CaptureFixture) -> None:
+    """``trainkit lint src/ src/train.py`` (a folder and a file in it, or one path two ways)."""
+    bad = FIXTURES / "bad"
+    one = bad / "tk101_divide_after_backward.py"
+    assert cli.main([str(one)]) == 1
+    alone = capsys.readouterr()
+    assert cli.main([str(bad), str(one), str(bad / ".." / "bad" / one.name)]) == 1
+    both = capsys.readouterr()
+    mine = [line for line in both.out.splitlines() if one.name in line]
+    assert mine and len(mine) == len(alone.out.splitlines())
+    checked = int(re.search(r"\((\d+) files checked\)", both.err).group(1))
+    assert checked == len(list(bad.rglob("*.py")))

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from typing import Callable, FrozenSet, List, Literal, Optional, Sequence
+from typing import Callable, FrozenSet, List, Literal, Optional, Sequence, Set
 
 from trainkit.lint import _api
 from trainkit.lint._registry import Finding, LintError
@@ -98,9 +99,14 @@ def run(args: argparse.Namespace) -> int:
     findings: List[Finding] = []
     unparsed = unread = checked = missing = 0
     files: List[str] = []
+    seen: Set[str] = set()  # a file given twice (``src/ src/train.py``) is linted once
     for given in args.paths:
         try:
-            files.extend(_api.iter_python_files([given]))
+            for path in _api.iter_python_files([given]):
+                key = os.path.realpath(path)
+                if key not in seen:
+                    seen.add(key)
+                    files.append(path)
         except LintError as exc:
             missing += 1
             _report_failure(exc, given)
