@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 
 from . import timing
 from ._text import brief
+from ._wrapped import inner_optimizer, repoint_saved_step
 from .recorder import CLOSURE_MS, STEP_REC, UPDATE_MS
 from .profiling import regions
 from .profiling.regions import profiler_enabled, record_function
@@ -353,6 +354,11 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
     if not isinstance(compile, bool):
         raise TypeError(f"patch(..., compile={compile!r}): compile must be True or False")
     if isinstance(obj, torch.optim.Optimizer):
+        inner = inner_optimizer(obj)  # accelerate's wrapper: its calls are not all steps
+        if inner is not None:
+            _patch_optimizer(inner, compile=compile)
+            repoint_saved_step(obj, inner)
+            return obj
         return _patch_optimizer(obj, compile=compile)
     if isinstance(obj, PatchedLoader):
         return obj
@@ -388,4 +394,8 @@ def unpatch(obj: Any) -> Any:
         return obj.original
     if hasattr(obj, "__dict__") and _ATTR in obj.__dict__:
         return _unpatch_optimizer(obj)
+    inner = inner_optimizer(obj)
+    if inner is not None and _ATTR in inner.__dict__:
+        _unpatch_optimizer(inner)
+        repoint_saved_step(obj, inner)
     return obj
