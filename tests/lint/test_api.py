@@ -100,6 +100,12 @@ def test_folders_skip_hidden_pycache_and_virtualenvs(tmp_path: Path) -> None:
     assert found == ["a.py", "pkg/b.py"]
 
 
+def test_lint_paths_lints_a_file_named_twice_once(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(FLUSHING_LOOP)
+    once = lint_paths([str(tmp_path)], select="TK301")
+    assert once and lint_paths([str(tmp_path), str(tmp_path / "train.py")], select="TK301") == once
+
+
 def test_lint_paths_reports_paths_as_given(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(FLUSHING_LOOP)
     findings = lint_paths([str(tmp_path)], select="TK301")

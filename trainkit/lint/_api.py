@@ -219,6 +219,10 @@ def lint_paths(paths: Collection[str], *, select: Codes = None, ignore: Codes = 
     if isinstance(paths, str):
         paths = [paths]
     findings: List[Finding] = []
+    seen = set()  # a file named twice (a folder and a file in it) is linted once
     for path in iter_python_files(paths):
-        findings.extend(lint_file(path, select=select, ignore=ignore))
+        key = os.path.realpath(path)
+        if key not in seen:
+            seen.add(key)
+            findings.extend(lint_file(path, select=select, ignore=ignore))
     return sorted(findings, key=lambda f: (f.path, f.line, f.col, f.code))
