@@ -68,9 +68,10 @@ def test_a_wrapping_optimizer_patched_counts_its_inner_optimizers_real_steps(tmp
     real = 16 // every
     assert [st for st, _ in got["trainkit/step_time_ms"]] == list(range(1, real + 1))
     assert [st for st, _ in got["trainkit/update_ms"]] == list(range(1, real + 1))
-    for (_, sps), (_, ms) in zip(got["trainkit/samples_per_s"], got["trainkit/step_time_ms"]):
+    for (st, sps), (_, ms) in zip(got["trainkit/samples_per_s"], got["trainkit/step_time_ms"]):
         assert sps * ms / 1e3 == pytest.approx(8 * every, rel=1e-4)
-        assert ms >= 2 * every  # a window's micro-batches, each sleeping 2 ms
+        if st > 1:  # a window's micro-batches, each sleeping 2 ms after its step() call
+            assert ms >= 2 * every
     tk.unpatch(wrapped)
     assert "step" not in wrapped.optimizer.__dict__
 

@@ -24,6 +24,8 @@ import weakref
 from typing import Any, Callable, Optional
 
 from . import timing
+from ._optcalls import closure_of as _closure_of, rebind, referent, run_closure as _run_closure, \
+    timed_closure as _timed_closure, unbind
 from ._text import brief
 from ._wrapped import inner_optimizer, repoint_saved_step
 from .recorder import CLOSURE_MS, STEP_REC, UPDATE_MS
@@ -49,10 +51,15 @@ class OptimizerPatch:
         d = opt.__dict__
         self.saved_step = d.get("step", _MISSING)  # an instance attribute, e.g. an LR scheduler's
         self.saved_zero_grad = d.get("zero_grad", _MISSING)
-        self.orig_step: Callable[..., Any] = opt.step
-        self.orig_zero_grad: Callable[..., Any] = opt.zero_grad
-        #: the step that updates the parameters; a compiled step replaces it.
-        self.core: Callable[..., Any] = self.orig_step
+        # The optimizer's own step and zero_grad, kept as functions: bound methods of it, held
+        # in its own __dict__, were a reference cycle that kept it (and its state) alive after
+        # the loop dropped it, until a full collection. ``orig_step`` binds on each lookup.
+        self._orig_step = unbind(opt.step, opt)
+        self._orig_zero_grad = unbind(opt.zero_grad, opt)
+        #: a step that replaces its own (compiled), or None
+        self._core: Optional[Callable[..., Any]] = None
+        #: False once unpatched: a step kept from before (an LR scheduler's wrapper) falls through
+        self.live = True
         #: the accumulation gate, set by ``tk.accumulate`` while its block runs.
         self.gate: Any = None
         #: the ``set_to_none`` technique's value for ``zero_grad()`` calls without arguments.
@@ -70,6 +77,19 @@ class OptimizerPatch:
         self.session: Any = None
         #: that session's step count right after this optimizer's last step there
         self.seen_step = 0
+
+    orig_step = property(lambda self: rebind(self._orig_step, self._opt))
+    orig_zero_grad = property(lambda self: rebind(self._orig_zero_grad, self._opt))
+
+    @property
+    def core(self) -> Callable[..., Any]:
+        """The step that updates the parameters: its own, or a compiled one."""
+        return self.orig_step if self._core is None else self._core
+
+    @core.setter
+    def core(self, fn: Callable[..., Any]) -> None:
+        own = self._orig_step
+        self._core = None if own[1] and getattr(fn, "__func__", None) is own[0] else fn
 
     def patched(self) -> bool:
         """Whether its optimizer is alive and still patched by this patch."""
@@ -191,41 +211,11 @@ def stepped_elsewhere(s: Any) -> bool:
     return True
 
 
-def _closure_of(args: Any, kwargs: Any) -> Any:
-    """The closure a ``step(...)`` call passes, or None (a custom optimizer's first positional
-    argument may be something else, e.g. the loss: it is passed on untouched)."""
-    closure = kwargs.get("closure", args[0] if args else None)
-    return closure if callable(closure) else None
-
-
-def _run_closure(closure: Callable[[], Any], s: Any) -> Any:
-    """Call ``closure`` as an optimizer's step does (grad enabled), its time as ``closure_ms``."""
-    import torch
-
-    t0 = timing.now()
-    try:
-        with torch.enable_grad():
-            return closure()
-    finally:
-        if s is not None:
-            s._buf.append((CLOSURE_MS, s.step, (timing.now() - t0) * 1e3))
-
-
-def _timed_closure(closure: Callable[[], Any], acc: list) -> Callable[[], Any]:
-    def timed() -> Any:
-        t0 = timing.now()
-        try:
-            return closure()
-        finally:
-            acc[0] += (timing.now() - t0) * 1e3
-
-    return timed
-
-
 def _patched_zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
     p = self.__dict__.get(_ATTR)
     if p is None:
-        return type(self).zero_grad(self, *args, **kwargs)
+        opt = referent(self)
+        return type(opt).zero_grad(opt, *args, **kwargs)
     return p.zero_grad(*args, **kwargs)
 
 
@@ -241,14 +231,16 @@ def _step_function(p: OptimizerPatch) -> Any:
     regions.load_flags()
     tap = regions._TAP
     now = timing.now
+    ref = p._opt
+    own, bound = p._orig_step
 
     def step(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if (not args and not kwargs and p.gate is None and p._cuda is False
-                and self.__dict__.get(_ATTR) is p):
+        if not args and not kwargs and p.gate is None and p._cuda is False and p.live:
             s = _S._active
             if s is not None and s._primary is p and not tap._is_profiler_enabled:
+                core = p._core
                 t0 = now()
-                out = p.core()
+                out = core() if core is not None else own(ref()) if bound else own()
                 t1 = now()
                 n = s.step
                 s._buf.append((STEP_REC, n, t0, t1, s._last_step_end))
@@ -259,11 +251,12 @@ def _step_function(p: OptimizerPatch) -> Any:
                 if s._profiler is not None:
                     s._profiler.step()
                 return out
-        if self.__dict__.get(_ATTR) is not p:
+        if not p.live:
             # A stale step: its patch was undone, but a wrapper made meanwhile (an LR scheduler's)
             # still calls it, maybe as the core of a newer patch: the class's own step, or the
             # newer patch would call itself through that wrapper without end.
-            return type(self).step(self, *args, **kwargs)
+            opt = ref()
+            return type(opt).step(opt, *args, **kwargs)
         return p.step(*args, **kwargs)
 
     step.__wrapped_step__ = True  # type: ignore[attr-defined]
@@ -279,7 +272,7 @@ def wrap_zero_grad(opt: Any) -> None:
     """
     current = opt.__dict__.get("zero_grad")
     if getattr(current, "__func__", None) is not _patched_zero_grad:
-        opt.zero_grad = types.MethodType(_patched_zero_grad, opt)
+        opt.zero_grad = types.MethodType(_patched_zero_grad, weakref.proxy(opt))  # no cycle
 
 
 def optimizer_patch(opt: Any) -> Optional[OptimizerPatch]:
@@ -295,7 +288,8 @@ def _patch_optimizer(opt: Any, *, compile: bool) -> Any:
         check_overrides()  # a malformed TRAINKIT_TECHNIQUES fails here, before the patch
         p = OptimizerPatch(opt)
         opt.__dict__[_ATTR] = p
-        opt.step = types.MethodType(_step_function(p), opt)
+        # Bound to a weak proxy: a bound method in its own __dict__ would keep it alive.
+        opt.step = types.MethodType(_step_function(p), weakref.proxy(opt))
         _patched.add(opt)
         # Technique switches acting at the patch (trainkit.techniques.fused; set_to_none).
         from .switches import technique
@@ -317,6 +311,7 @@ def _unpatch_optimizer(opt: Any) -> Any:
     p = opt.__dict__.pop(_ATTR, None)
     if p is None:
         return opt
+    p.live = False
     for name, saved in (("step", p.saved_step), ("zero_grad", p.saved_zero_grad)):
         current = getattr(opt.__dict__.get(name), "__func__", None)
         ours = current is _patched_zero_grad or getattr(current, "__wrapped_step__", False)

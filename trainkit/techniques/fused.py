@@ -9,6 +9,7 @@ on also turns ``foreach`` off (the two cannot both be True). ``tk.unpatch`` rest
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, List, Optional
 
 
@@ -64,7 +65,12 @@ def apply(opt: Any) -> Optional[Callable[[], None]]:
     # What the constructor sets with fused=True: GradScaler then leaves unscaling to the kernel.
     opt._step_supports_amp_scaling = want
 
+    ref = weakref.ref(opt)  # the undo is kept in the optimizer's patch: no cycle through it
+
     def undo() -> None:
+        opt = ref()
+        if opt is None:
+            return
         for g, fused, foreach in saved:
             g["fused"], g["foreach"] = fused, foreach
         opt.defaults["fused"], opt.defaults["foreach"] = saved_defaults

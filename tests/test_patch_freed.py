@@ -1,0 +1,70 @@
+"""A patched optimizer is freed as soon as the loop drops it, as an unpatched one is: its state
+(Adam's moments, on the GPU) does not wait for Python's cyclic garbage collector."""
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+import trainkit as tk
+from tests.conftest import scalars
+from tests.helpers import loader, mlp, train
+
+
+@pytest.fixture
+def no_cyclic_gc():
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    yield
+    if was:
+        gc.enable()
+
+
+def _warm_up():  # an optimizer's first step ever keeps it in torch's caches once
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters())
+    train(model, opt, loader(n=8))
+
+
+@pytest.mark.parametrize("how", ["plain", "scheduler", "set_to_none_off", "fused", "accumulate"])
+def test_a_dropped_patched_optimizer_is_freed_without_the_cyclic_collector(
+        tmp_path, no_cyclic_gc, monkeypatch, how):
+    # The patch kept bound methods of the optimizer in its own __dict__ (its step, its
+    # zero_grad, the original step in the patch's state): a reference cycle, so `del opt` (or a
+    # second phase's new optimizer bound to the same name) left it, and its state, alive until
+    # a full collection.
+    if how == "set_to_none_off":
+        monkeypatch.setenv("TRAINKIT_TECHNIQUES", '{"set_to_none": false}')
+    if how == "fused":  # the technique's undo is kept in the patch too
+        monkeypatch.setenv("TRAINKIT_TECHNIQUES", '{"fused": true}')
+    _warm_up()
+    model = mlp()
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        opt = tk.patch(torch.optim.Adam(model.parameters(), lr=1e-2))
+        sched = torch.optim.lr_scheduler.StepLR(opt, 2) if how == "scheduler" else None
+        if how == "fused":
+            assert opt.defaults["fused"] is True
+        if how == "accumulate":
+            with tk.accumulate(2, opt):
+                train(model, opt, tk.patch(loader(n=32)), log=s.log)
+        else:
+            train(model, opt, tk.patch(loader(n=32)), log=s.log)
+            if sched is not None:
+                sched.step()
+        state = weakref.ref(next(iter(opt.state.values()))["exp_avg"])
+        freed = weakref.ref(opt)
+        del opt, sched
+        assert freed() is None
+        assert state() is None
+    assert [st for st, _ in scalars(tmp_path)["trainkit/update_ms"]] == (
+        [1, 2] if how == "accumulate" else [1, 2, 3, 4])
+
+
+def test_a_step_method_kept_across_unpatch_still_steps():
+    opt = tk.patch(torch.optim.SGD(mlp().parameters(), lr=0.1))
+    step = opt.step
+    tk.unpatch(opt)
+    step()  # unpatched since: the class's own step
