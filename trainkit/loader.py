@@ -1,7 +1,7 @@
 """``tk.patch(loader)``: an iterable that records each batch's data wait and items.
 
-The wrapper is the source's in everything else (``len()``, attributes, re-iteration per epoch).
-When no optimizer in the session is going to step (an evaluation, inference), its batches are
+The wrapper is the source's in everything else (``len()``, ``with``, attributes, re-iteration
+per epoch). When no optimizer in the session is going to step (an evaluation, inference), its batches are
 the session's steps: see :class:`PatchedLoader`.
 """
 from __future__ import annotations
@@ -208,3 +208,32 @@ class SizedPatchedLoader(PatchedLoader):
 
     def __len__(self) -> int:
         return len(self.source)
+
+
+class _Context:
+    """``with`` as on a source that is a context manager (a tqdm bar: ``with tqdm(loader) as
+    bar``): the source's ``__enter__`` and ``__exit__`` run, and a source that enters as itself
+    enters as this loader, so the batches iterated in the block are recorded."""
+
+    def __enter__(self) -> Any:
+        got = self.source.__enter__()  # type: ignore[attr-defined]
+        return self if got is self.source else got  # type: ignore[attr-defined]
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self.source.__exit__(*exc)  # type: ignore[attr-defined]
+
+
+class _ContextPatchedLoader(_Context, PatchedLoader):
+    pass
+
+
+class _SizedContextPatchedLoader(_Context, SizedPatchedLoader):
+    pass
+
+
+def wrap(source: Any, original: Any) -> PatchedLoader:
+    """The patched loader of ``source``: sized, and a context manager, where the source is."""
+    sized = hasattr(source, "__len__")
+    if hasattr(type(source), "__enter__") and hasattr(type(source), "__exit__"):
+        return (_SizedContextPatchedLoader if sized else _ContextPatchedLoader)(source, original)
+    return (SizedPatchedLoader if sized else PatchedLoader)(source, original)

@@ -344,7 +344,7 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
     """
     import torch
 
-    from .loader import PatchedLoader, SizedPatchedLoader
+    from .loader import PatchedLoader, wrap
 
     if not isinstance(compile, bool):
         raise TypeError(f"patch(..., compile={compile!r}): compile must be True or False")
@@ -373,7 +373,7 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
     from .techniques.loader_options import rebuild  # pin_memory / num_workers overrides
 
     source = rebuild(obj)
-    return (SizedPatchedLoader if hasattr(source, "__len__") else PatchedLoader)(source, obj)
+    return wrap(source, obj)
 
 
 def unpatch(obj: Any) -> Any:
