@@ -1,8 +1,8 @@
 """``tk.patch(loader)``: an iterable that records each batch's data wait and items.
 
 The wrapper is the source's in everything else (``len()``, ``with``, attributes, re-iteration
-per epoch). When no optimizer in the session is going to step (an evaluation, inference), its batches are
-the session's steps: see :class:`PatchedLoader`.
+per epoch). When no optimizer in the session is going to step (an evaluation, inference), its
+batches are the session's steps: see :class:`PatchedLoader`.
 """
 from __future__ import annotations
 
