@@ -120,3 +120,25 @@ def test_accelerate_optimizer_with_a_grad_scaler_keeps_the_patch(tmp_path, when)
     tk.unpatch(opt)
     assert "_trainkit_patch" not in inner.__dict__
     assert opt._optimizer_original_step_method == inner.step
+
+
+def test_a_held_zero_grad_says_it_takes_set_to_none(tmp_path):
+    # accelerate's zero_grad(set_to_none=...) reads the inner zero_grad's signature: trainkit's
+    # (*args, **kwargs) made it raise "`set_to_none` ... is not supported by this optimizer".
+    import inspect
+
+    model = mlp()
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    wrapped = SyncingOptimizer(opt, 1)
+    with tk.accumulate(2, opt):
+        assert "set_to_none" in inspect.signature(opt.zero_grad).parameters
+        accelerate = pytest.importorskip("accelerate")
+        from accelerate.optimizer import AcceleratedOptimizer
+
+        accelerate.Accelerator(cpu=True)
+        x, y = next(iter(loader()))
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()  # the window's first micro-batch: no real step
+        AcceleratedOptimizer(opt, device_placement=False).zero_grad(set_to_none=True)
+        assert all(p.grad is not None for p in model.parameters())  # held inside the window
+    assert wrapped.optimizer is opt

@@ -9,12 +9,17 @@ bound on use, and the methods set on the optimizer are bound to a ``weakref.prox
 """
 from __future__ import annotations
 
+import inspect
 import types
 import weakref
 from typing import Any, Callable, Tuple
 
 from . import timing
 from .recorder import CLOSURE_MS
+
+#: ``Optimizer.zero_grad``'s own, for trainkit's wrapped one (``*args, **kwargs``): accelerate
+#: reads it to decide whether ``zero_grad(set_to_none=...)`` may be passed on, else it raises.
+ZERO_GRAD_SIGNATURE = inspect.signature(lambda self, set_to_none=True: None)
 
 
 def unbind(method: Any, opt: Any) -> Tuple[Any, bool]:
