@@ -20,6 +20,7 @@ from . import _compiled, _env, _signals, timing
 from ._logdir import check_logdir as _check_logdir, default_logdir as _default_logdir
 from ._logvalues import check_log_name, to_scalar
 from ._text import brief
+from .profiling.schedule import check_session_profile
 from .recorder import STEP_END, STEP_TIME, Recorder
 
 _active: Optional["Session"] = None
@@ -60,7 +61,7 @@ class Session:
                              f"seconds, e.g. flush_secs=2")
         if not isinstance(system_metrics, bool):
             raise TypeError(f"session(system_metrics={system_metrics!r}): must be True or False")
-        self.profile = _check_profile(profile)
+        self.profile = check_session_profile(profile)
         _check_none_active()
         from .switches import check_overrides
 
@@ -325,20 +326,6 @@ _compiling: Callable[[], bool] = bool
 # A call of s.log in code dynamo traces is a graph break at the caller's call site (see
 # trainkit._compiled), never an inlined s.log.
 _compiled.never_traced(Session.log, _compiled.LOG_IN_GRAPH)
-
-
-def _check_profile(profile: Any) -> Any:
-    if profile is None:
-        return None
-    from .profiling.schedule import ProfileSchedule
-
-    if not isinstance(profile, ProfileSchedule):
-        raise TypeError(f"session(profile={profile!r}): profile must be a tk.ProfileSchedule or None, "
-                        f"e.g. profile=tk.ProfileSchedule(wait=10, warmup=2, active=3)")
-    from .profiling.trace import check_no_profiler
-
-    check_no_profiler(profile)  # a profiler of the user's records: refused before anything starts
-    return profile
 
 
 # -- activation, exit and signals ------------------------------------------------------------------

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,3 +36,17 @@ class ProfileSchedule:
                 raise ValueError(
                     f"ProfileSchedule({name}={value!r}): {name} must be an int >= {minimum}, "
                     f"e.g. ProfileSchedule(wait=10, warmup=2, active=3, repeat=1)")
+
+
+def check_session_profile(profile: Any) -> Any:
+    """``tk.session(profile=...)``: None, or a :class:`ProfileSchedule` while no profiler of the
+    user's records (refused before anything starts)."""
+    if profile is None:
+        return None
+    if not isinstance(profile, ProfileSchedule):
+        raise TypeError(f"session(profile={profile!r}): profile must be a tk.ProfileSchedule or None, "
+                        f"e.g. profile=tk.ProfileSchedule(wait=10, warmup=2, active=3)")
+    from .trace import check_no_profiler
+
+    check_no_profiler(profile)  # a profiler of the user's records: refused before anything starts
+    return profile
