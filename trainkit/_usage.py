@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
 from . import _env
 
@@ -37,24 +38,26 @@ def quiet_rank() -> bool:
     return (local if local is not None else _env.get(_env.RANK)) != "0"
 
 
-def leave(text: str) -> int:
-    """Say ``text`` (a usage error; empty when argparse said it) unless this is a quiet rank,
-    and return 2, the exit status of bad usage; under torchrun, first meet the other ranks,
-    then end this process with status 2.
+def leave(text: str, out: Any = None) -> int:
+    """Say ``text`` (a usage error; empty when argparse said it) on ``out`` (default stderr;
+    stdout for the help of ``trainkit`` with no command) unless this is a quiet rank, and return
+    2, the exit status of bad usage; under torchrun, first meet the other ranks, then end this
+    process with status 2.
 
     Example::
 
         return leave("trainkit demo: demo epochs=0: must be a positive int, e.g. --epochs 2\\n")
     """
+    out = sys.stderr if out is None else out
     quiet = quiet_rank()
     if not quiet:
-        sys.stderr.write(text)
-        sys.stderr.flush()
+        out.write(text)
+        out.flush()
     met = _met_every_rank()
     if met is None:
         return 2
     if not met and quiet:
-        sys.stderr.write(text)  # the first rank did not meet this error: say it here
+        out.write(text)  # the first rank did not meet this error: say it here
     sys.stdout.flush()
     sys.stderr.flush()
     # Now, not after the interpreter's shutdown: it puts SIGTERM back to its default first, and

@@ -104,9 +104,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if exc.code == 2 and _usage.ranked():  # said once under torchrun, every rank exits 2
             return _usage.leave(said.getvalue())
         raise
-    if args.command is None:
-        parser.print_help()
-        return 2
+    if args.command is None:  # the help, once under torchrun, and every rank exits 2
+        return _usage.leave(parser.format_help(), sys.stdout)
     return int(_hooks(args.command)[1](args))
 
 

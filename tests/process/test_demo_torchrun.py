@@ -73,6 +73,37 @@ def test_a_usage_error_is_said_once_and_every_rank_exits_2(tmp_path, bad, said):
     assert not (tmp_path / "demo").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_no_subcommand_prints_the_help_once_and_every_rank_exits_2():
+    """`torchrun ... -m trainkit` with no subcommand printed the help from every rank; now the
+    first rank prints it (to stdout, as without torchrun) and every rank exits 2."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "trainkit"]
+    env = child_env()
+    env["OMP_NUM_THREADS"] = "1"
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    proc = subprocess.run(cmd, cwd=str(REPO), env=env, capture_output=True, text=True, timeout=100)
+    assert proc.returncode != 0
+    assert proc.stdout.count("usage: trainkit") == 1, proc.stdout + proc.stderr[-5000:]
+    assert "usage: trainkit" not in proc.stderr, proc.stderr[-5000:]
+    codes = re.findall(r"^\s+exitcode\s+: (-?\d+)", proc.stderr, re.M)  # torchrun's summary
+    assert codes == ["2", "2"], proc.stderr[-5000:]
+
+
+def test_a_rank_that_is_not_first_prints_no_help(monkeypatch, capsys):
+    """No subcommand, without torchrun's store: the first rank prints the help, the others exit
+    2 silently (before, each printed it)."""
+    from trainkit import cli
+
+    _rank(monkeypatch, 1)
+    assert cli.main([]) == 2
+    assert capsys.readouterr() == ("", "")
+    _rank(monkeypatch, 0)
+    assert cli.main([]) == 2
+    out = capsys.readouterr()
+    assert out.out.startswith("usage: trainkit") and out.err == ""
+
 def _rank(monkeypatch, rank, store_port=None):
     for name, value in (("RANK", str(rank)), ("WORLD_SIZE", "2"), ("LOCAL_RANK", str(rank))):
         monkeypatch.setenv(name, value)
