@@ -65,6 +65,49 @@ def test_clip_under_the_steps_if_is_not_reported() -> None:
     assert _pairs(src) == []
 
 
+# A CANINE masked-LM trainer found by code search (train_epoch): under `if (batch_idx + 1) % n == 0:`,
+# `if args.use_amp and scaler is not None:` unscales, clips and steps the scaler, and its `else`
+# clips and steps the optimizer. The `else` branch's clip was reported as running on every
+# micro-batch, because it never runs with the first step found (`scaler.step`).
+def test_clip_in_the_else_of_an_amp_branch_under_the_steps_if_is_not_reported() -> None:
+    src = """
+    import torch
+    def train(model, loader, optimizer, scaler, n, use_amp):
+        for i, (x, y) in enumerate(loader):
+            loss = model(x, y) / n
+            if use_amp:
+                scaler.scale(loss).backward()
+            else:
+                loss.backward()
+            if (i + 1) % n == 0:
+                if use_amp:
+                    scaler.unscale_(optimizer)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    optimizer.step()
+                optimizer.zero_grad()
+    """
+    assert _pairs(src) == []
+
+
+def test_clip_in_the_else_of_the_steps_if_is_still_reported() -> None:
+    src = """
+    import torch
+    def train(model, loader, optimizer, n):
+        for i, (x, y) in enumerate(loader):
+            (model(x, y) / n).backward()
+            if (i + 1) % n == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+            else:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    """
+    assert _pairs(src) == [("TK107", 10)]
+
+
 def test_clip_in_a_loop_that_steps_every_batch_is_not_reported() -> None:
     src = """
     import torch

@@ -69,8 +69,15 @@ def first_conditional(loop: TrainingLoop, node: ast.AST) -> Optional[ast.AST]:
 
 
 def runs_with(loop: TrainingLoop, node: ast.AST, guard: ast.AST, step: ast.Call) -> bool:
-    """Whether ``node`` sits in ``guard`` on the step's side: it runs only on batches that step."""
-    return guard in loop.guards(node) and not loop.exclusive(node, step)
+    """Whether ``node`` sits in ``guard`` on the step's side: it runs only on batches that step.
+
+    Only the side of ``guard`` matters: a clip in the ``else`` of an ``if use_amp:`` under the
+    step's ``if`` runs with that branch's ``optimizer.step()``, though not with ``scaler.step``.
+    """
+    if guard not in loop.guards(node):
+        return False
+    side = loop.side_of(step, guard)
+    return side is not None and loop.side_of(node, guard) == side
 
 
 def fresh_gradient(ctx: FileContext, loop: TrainingLoop, step: ast.Call, guard: ast.AST, optimizer: Optional[str]) -> bool:
