@@ -275,3 +275,39 @@ def test_one_based_counts_are_not_reported() -> None:
                 optimizer.zero_grad()
     """
     assert _pairs(src) == []
+
+
+# --------------------------------------------------------------------------- TK302
+
+# A token-diffusion trainer found by code search: `accumulated_loss = 0.0`, then
+# `accumulated_loss += loss.detach().float().item() / accumulation_steps` at each micro-batch, and
+# `print(f"... {accumulated_loss:.6f}")` once per update. The `.item()` is a sync (reported); the
+# print formats a Python float, but its name ends in `loss`, so it was reported as printing a tensor.
+def test_printing_a_float_accumulated_from_item_is_not_a_tensor_print() -> None:
+    src = """
+    def train(model, loader, optimizer, n):
+        running_loss = 0.0
+        for i, (x, y) in enumerate(loader):
+            loss = model(x, y)
+            running_loss += loss.item() / n
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            print(f"loss {running_loss:.4f}")
+    """
+    assert _pairs(src) == [("TK302", 6)]
+
+
+def test_printing_a_tensor_accumulator_is_still_reported() -> None:
+    src = """
+    def train(model, loader, optimizer):
+        running_loss = 0.0
+        for i, (x, y) in enumerate(loader):
+            loss = model(x, y)
+            running_loss += loss.detach()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            print(f"loss {running_loss:.4f}")
+    """
+    assert _pairs(src) == [("TK302", 10)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Iterator, Optional, Set
+from typing import Dict, Iterator, List, Optional, Set
 
 from trainkit.lint._core import FileContext, TrainingLoop
 from trainkit.lint._nodes import dotted, has_modulo, method_name, names_in
@@ -39,7 +39,36 @@ def _exempt(ctx: FileContext, loop: TrainingLoop, node: ast.AST) -> bool:
     return ctx.inside_with(node, _NO_GRAD, stop=loop.node)
 
 
-def _printed_tensor(call: ast.Call, tensors: Set[str]) -> Optional[str]:
+def _is_number(expr: ast.AST) -> bool:
+    """A Python number: ``0.0``, ``x.item()``, ``float(x)``, ``loss.item() / n``, ``-x.item()``."""
+    if isinstance(expr, ast.Constant):
+        return isinstance(expr.value, (int, float)) and not isinstance(expr.value, bool)
+    if isinstance(expr, ast.UnaryOp):
+        return _is_number(expr.operand)
+    if isinstance(expr, ast.Call):
+        return method_name(expr) == "item" or (isinstance(expr.func, ast.Name) and expr.func.id in ("float", "int", "round"))
+    if isinstance(expr, ast.BinOp):  # a number with a plain count: `loss.item() * n`, `total / steps`
+        return (_is_number(expr.left) or _is_number(expr.right)) and all(
+            _is_number(side) or isinstance(side, (ast.Name, ast.Attribute)) for side in (expr.left, expr.right))
+    return False
+
+
+def _python_numbers(ctx: FileContext, loop: TrainingLoop) -> Set[str]:
+    """Names that every assignment in the loop's function (or module) binds to a Python number:
+    ``running = 0.0`` then ``running += loss.item() / n`` is a float, whatever its name says."""
+    scope = next((p for p in ctx.ancestors(loop.node) if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef))), ctx.tree)
+    values: Dict[str, List[ast.AST]] = {}
+    for node in ast.walk(scope):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for sub in ast.walk(target):
+                    if isinstance(sub, ast.Name):
+                        values.setdefault(sub.id, []).append(node.value if target is sub else target)
+    return {name for name, vals in values.items() if all(_is_number(v) for v in vals)}
+
+
+def _printed_tensor(call: ast.Call, tensors: Set[str], numbers: Set[str]) -> Optional[str]:
     """The tensor-like name that ``print(...)`` formats, if any."""
     if not (isinstance(call.func, ast.Name) and call.func.id == "print"):
         return None
@@ -47,6 +76,8 @@ def _printed_tensor(call: ast.Call, tensors: Set[str]) -> Optional[str]:
         values = [v.value for v in arg.values if isinstance(v, ast.FormattedValue)] if isinstance(arg, ast.JoinedStr) else [arg]
         for value in values:
             name = dotted(value)
+            if name in numbers:
+                continue
             if name and (name in tensors or _TENSORISH_RE.match(name.split(".")[-1])):
                 return name
     return None
@@ -65,6 +96,7 @@ def check_host_sync(ctx: FileContext) -> Iterator[Hit]:
              else "forces a device sync on every training step (the CPU waits for the GPU when there is one)")
     for loop in ctx.training_loops:
         tensors = {n for n in (loss_of(loop, c) for c in loop.backward_calls) if n}
+        numbers = _python_numbers(ctx, loop) - tensors
         for call in loop.calls:
             if method_name(call) in _SYNC_METHODS and not call.args and not call.keywords:
                 inner = call.func.value  # type: ignore[attr-defined]
@@ -72,7 +104,7 @@ def check_host_sync(ctx: FileContext) -> Iterator[Hit]:
                     continue  # `.cpu().numpy()`: one sync, reported at the `.cpu()`
                 found = f"`{ast.unparse(call)}`"
             else:
-                printed = _printed_tensor(call, tensors)
+                printed = _printed_tensor(call, tensors, numbers)
                 if printed is None:
                     continue
                 found = f"`{ast.unparse(call)}` formats tensor `{printed}` and"
