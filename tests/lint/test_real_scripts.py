@@ -311,3 +311,47 @@ def test_printing_a_tensor_accumulator_is_still_reported() -> None:
             print(f"loss {running_loss:.4f}")
     """
     assert _pairs(src) == [("TK302", 10)]
+
+
+# --------------------------------------------------------------------------- TK202
+
+# A multi-task text classifier found by code search: `if scaler.is_enabled(): scaler.scale(l).backward()
+# else: l.backward()`, then, under the step's `if`, `if scaler.is_enabled(): scaler.step(opt) ...
+# else: optimizer.step()`. Two `if`s on one call were never taken as the same test, so the plain
+# `optimizer.step()` was reported as stepping scaled gradients.
+def test_two_ifs_on_scaler_is_enabled_are_the_same_test() -> None:
+    src = """
+    def train(model, loader, optimizer, scaler):
+        for x, y in loader:
+            loss = model(x, y)
+            if scaler.is_enabled():
+                scaler.scale(loss).backward()
+            else:
+                loss.backward()
+            if scaler.is_enabled():
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad()
+    """
+    assert _pairs(src) == []
+
+
+def test_two_ifs_on_a_call_with_arguments_are_not_the_same_test() -> None:
+    src = """
+    def train(model, loader, optimizer, scaler, use_scaler):
+        for i, (x, y) in enumerate(loader):
+            loss = model(x, y)
+            if use_scaler(i):
+                scaler.scale(loss).backward()
+            else:
+                loss.backward()
+            if use_scaler(i):
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad()
+    """
+    assert [code for code, _ in _pairs(src)] == ["TK202"]

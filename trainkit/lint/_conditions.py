@@ -45,6 +45,12 @@ def exit_side(stmt: ast.AST) -> Optional[str]:
     return None  # no exit, or both sides exit (the rest of the block never runs)
 
 
+def _is_query(call: ast.Call) -> bool:
+    """``scaler.is_enabled()``, ``torch.cuda.is_available()``: a state query without arguments."""
+    name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+    return name.startswith("is_") and not call.args and not call.keywords
+
+
 class Branching:
     """Conditions of a loop iteration; mixed into ``TrainingLoop`` (which has ``ctx``, ``node``, ``region``)."""
 
@@ -190,12 +196,14 @@ class Branching:
     def _same_test(self, first: ast.If, second: ast.If) -> bool:
         """Two ``if`` statements testing one unchanged value: ``if use_amp:`` twice in an iteration.
 
-        The test must read names only (no call, which could answer differently), and none
-        of them may be assigned between the two ``if`` statements.
+        The test must read names only (no call, which could answer differently; but an
+        argument-less ``is_...()`` query such as ``scaler.is_enabled()`` answers the same), and
+        none of them may be assigned between the two ``if`` statements.
         """
         if ast.dump(first.test) != ast.dump(second.test):
             return False
-        if any(isinstance(n, (ast.Call, ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)) for n in ast.walk(first.test)):
+        if any(isinstance(n, (ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom))
+               or (isinstance(n, ast.Call) and not _is_query(n)) for n in ast.walk(first.test)):
             return False
         read = {dotted(n) for n in ast.walk(first.test) if isinstance(n, (ast.Name, ast.Attribute))}
         read.discard(None)
