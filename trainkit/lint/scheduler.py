@@ -25,6 +25,7 @@ from typing import Dict, Iterator, Optional, Set
 from trainkit.lint._accumulating import Accumulation, accumulating_loops, stepped_optimizer, tk_accumulate_with
 from trainkit.lint._core import FileContext, TrainingLoop
 from trainkit.lint._nodes import dotted, find_modulo, is_device_check, method_name, receiver
+from trainkit.lint._schedule_size import sized_in_micro_batches
 from trainkit.lint._registry import Hit, rule
 
 _LR_SCHEDULER_CLASS = re.compile(
@@ -129,6 +130,8 @@ def _hand_written(ctx: FileContext, acc: Accumulation, built: Dict[str, Optional
             continue  # another optimizer's schedule (a GAN's discriminator, stepped on every batch)
         if owner is None and every_batch:
             continue  # another optimizer steps on every batch: this schedule may be its own
+        if sized_in_micro_batches(ctx, receiver(call) or "", acc.every):
+            continue  # planned over micro-batches (epochs * len(loader)): walked at its own pace
         shown = ast.unparse(call)
         yield Hit(
             call,
@@ -151,6 +154,8 @@ def _in_tk_accumulate(ctx: FileContext, call: ast.Call) -> Optional[Hit]:
         return None  # once per block (per epoch), in a nested def, or under a condition
     given = acc_call.args[0] if acc_call.args else next((k.value for k in acc_call.keywords if k.arg == "n"), None)
     n = ast.unparse(given) if given is not None else "n"
+    if sized_in_micro_batches(ctx, receiver(call) or "", n):
+        return None  # planned over micro-batches: walked at its own pace
     func = ast.unparse(acc_call.func)
     item = next(i for i in block.items if i.context_expr is acc_call)  # type: ignore[attr-defined]
     bound = dotted(item.optional_vars) if item.optional_vars is not None else None
