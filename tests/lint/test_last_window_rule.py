@@ -324,3 +324,47 @@ def test_a_division_after_backward_or_none_at_all_is_another_rule() -> None:
 def test_ignore_comment_on_the_division_line() -> None:
     src = TUTORIAL.replace("loss = loss / accumulation_steps", "loss = loss / accumulation_steps  # trainkit: ignore[TK110]")
     assert _pairs(src) == []
+
+
+# --------------------------------------------------------------------------- end names, tried on real scripts
+
+# transformers' Trainer spells its last-batch test `steps_in_epoch <= n and (step + 1) == steps_in_epoch`
+# (step on the last batch only when the whole pass is shorter than a window). The finding is right,
+# but it cited `steps_in_epoch <= n`, reading the accumulation's own `n` as the batch index.
+TRAINER_SHAPE = """
+def train(model, epoch_iterator, optimizer, n):
+    steps_in_epoch = len(epoch_iterator)
+    for step, batch in enumerate(epoch_iterator):
+        loss = model(**batch).loss / n
+        loss.backward()
+        short_pass_ends = steps_in_epoch <= n and (step + 1) == steps_in_epoch
+        if (step + 1) % n == 0 or short_pass_ends:
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_the_last_batch_test_cited_is_the_one_on_the_index_not_on_n() -> None:
+    texts = _texts(TRAINER_SHAPE)
+    assert list(texts) == [5]
+    assert "(`step + 1 == steps_in_epoch`, line 7)" in texts[5]
+
+
+def test_steps_in_epoch_is_an_end_name_without_a_len_in_sight() -> None:
+    src = TRAINER_SHAPE.replace("    steps_in_epoch = len(epoch_iterator)\n", "").replace(
+        "def train(model, epoch_iterator, optimizer, n):", "def train(model, epoch_iterator, optimizer, n, steps_in_epoch):")
+    assert _pairs(src) == [("TK110", 4)]
+
+
+@pytest.mark.parametrize("length", ["seq_len", "max_len", "max_length", "context_len", "prompt_len"])
+def test_a_sequence_length_is_not_the_end_of_the_pass(length: str) -> None:
+    src = f"""
+    def train(model, loader, optimizer, n, {length}):
+        for step, x in enumerate(loader):
+            loss = model(x).loss / n
+            loss.backward()
+            if (step + 1) % n == 0 or step >= {length}:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+    assert _pairs(src) == []

@@ -32,7 +32,9 @@ from trainkit.lint._registry import Hit, rule
 # Names that say "the end of the pass": last_idx, num_batches, steps_per_epoch, len_loader, max_steps.
 _END_NAME = re.compile(
     r"last|len|total|(^|_)n_?(batch|step|iter)|num_?(batch|step|iter|update)|(batch|step|iter)s?_per_epoch|"
-    r"epoch_?(len|size|step|iter)|max_?(step|iter)", re.IGNORECASE)
+    r"(batch|step|iter)s?_in_(the_)?epoch|epoch_?(len|size|step|iter)|max_?(step|iter)", re.IGNORECASE)
+# Lengths that are not the pass's: seq_len, max_len, max_length, context_len, prompt_len, n_tokens.
+_NOT_END_NAME = re.compile(r"seq|token|ctx|context|block|prompt|input|text|sent|word|char|pad|max_?len", re.IGNORECASE)
 # A flag of its own that says "this is the last batch": is_last, last_batch, last_step.
 _LAST_FLAG = re.compile(r"^(is_)?last(_?(batch|step|iter|micro_?batch))?$", re.IGNORECASE)
 
@@ -71,7 +73,10 @@ def _is_end(ctx: FileContext, expr: ast.expr) -> bool:
     name = dotted(expr)
     if name is None:
         return False
-    return bool(_END_NAME.search(name.split(".")[-1])) or _len_of(ctx, expr) is not None
+    last = name.split(".")[-1]
+    if _NOT_END_NAME.search(last):
+        return False
+    return bool(_END_NAME.search(last)) or _len_of(ctx, expr) is not None
 
 
 def _loader(ctx: FileContext, last: ast.expr) -> Optional[ast.expr]:
@@ -90,13 +95,15 @@ def _is_index(expr: ast.expr) -> bool:
     return dotted(expr) is not None
 
 
-def _last_batch(ctx: FileContext, expr: ast.expr, positive: bool) -> Optional[ast.expr]:
+def _last_batch(ctx: FileContext, expr: ast.expr, positive: bool, every: ast.expr) -> Optional[ast.expr]:
     """The last-batch test in one alternative of the step's test (``i + 1 == len(loader)``), if it is one.
 
     An ``and`` counts when one of its parts is (``len(loader) < n and i + 1 == len(loader)``).
+    The accumulation's own ``every`` is no index: ``steps_in_epoch <= n`` asks whether the pass is
+    shorter than a window, not whether this is its last batch.
     """
     if positive and isinstance(expr, ast.BoolOp) and isinstance(expr.op, ast.And):
-        return next((found for v in expr.values for found in [_last_batch(ctx, v, True)] if found is not None), None)
+        return next((found for v in expr.values for found in [_last_batch(ctx, v, True, every)] if found is not None), None)
     if positive and isinstance(expr, (ast.Name, ast.Attribute)):
         name = dotted(expr) or ""
         return expr if _LAST_FLAG.search(name.split(".")[-1]) else None
@@ -108,6 +115,8 @@ def _last_batch(ctx: FileContext, expr: ast.expr, positive: bool) -> Optional[as
     elif _is_index(right) and _is_end(ctx, left) and not _is_end(ctx, right):
         index_left = False
     else:
+        return None
+    if ast.dump(left if index_left else right) == ast.dump(every):
         return None
     # true at the end: ==, or index >= end; false at the end: !=, or index < end
     at_end = (ast.Eq, ast.GtE if index_left else ast.LtE)
@@ -121,15 +130,13 @@ def _step_alternatives(acc: Accumulation) -> Optional[Tuple[ast.BinOp, ast.expr]
     side = loop.side_of(acc.step, guard)
     if not isinstance(guard, ast.If) or side is None:
         return None
-    modulo: Optional[ast.BinOp] = None
-    last: Optional[ast.expr] = None
-    for expr, positive in _alternatives(loop.resolved(guard.test), side == "body"):
-        found = find_modulo(expr)
-        if found is not None:
-            modulo = modulo or found
-        elif last is None:
-            last = _last_batch(loop.ctx, expr, positive)
-    return (modulo, last) if modulo is not None and last is not None else None
+    alternatives = _alternatives(loop.resolved(guard.test), side == "body")
+    modulo = next((found for expr, _ in alternatives for found in [find_modulo(expr)] if found is not None), None)
+    if modulo is None:
+        return None
+    last = next((found for expr, positive in alternatives if find_modulo(expr) is None
+                 for found in [_last_batch(loop.ctx, expr, positive, modulo.right)] if found is not None), None)
+    return (modulo, last) if last is not None else None
 
 
 def _rebound(acc: Accumulation, n: ast.expr) -> bool:
