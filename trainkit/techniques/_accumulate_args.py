@@ -6,6 +6,7 @@ import numbers
 from typing import Any, Literal, Optional, Tuple
 
 from .._text import brief
+from .._wrapped import inner_optimizer
 from . import data_parallel as dp
 
 Normalize = Literal["mean", "items"]
@@ -37,11 +38,39 @@ def check_args(n: Any, optimizer: Any, model: Any, normalize: Any,
                          f"acc.add_items(k) to divide by tokens, e.g. normalize='items'")
     max_norm = check_clip(clip_grad_norm, f"accumulate({n}, optimizer, ...)")
     dp.check_model(n, dp.unwrap_compiled(model), normalize)
-    if isinstance(optimizer, torch.optim.LBFGS):
+    inner = inner_optimizer(optimizer)  # accelerate's prepared optimizer: the gate goes there
+    if inner is not None:
+        _check_wrapper(n, optimizer)
+    if isinstance(inner or optimizer, torch.optim.LBFGS):
         raise TypeError(f"accumulate({n}, {type(optimizer).__name__}): LBFGS evaluates its closure "
                         f"several times per step, at new parameters each time, so its steps cannot "
                         f"be split into micro-batches; use a larger batch in the closure instead")
     return n, max_norm
+
+
+def _check_wrapper(n: int, optimizer: Any) -> None:
+    """A wrapping optimizer (accelerate's ``AcceleratedOptimizer``) that accumulates itself, or
+    steps through a GradScaler, cannot be the gate's: refused."""
+    name = type(optimizer).__name__
+    steps = getattr(getattr(optimizer, "gradient_state", None), "num_steps", 1)
+    if isinstance(steps, numbers.Integral) and steps > 1:
+        # Its step() reaches the inner optimizer once in `steps` calls: windows of n * steps
+        # micro-batches, each divided by `steps` (accelerate's backward) and n (the gate), and a
+        # partial last window by neither rightly.
+        raise ValueError(
+            f"accumulate({n}, {name}): this optimizer accumulates gradients itself "
+            f"(accelerate's gradient_accumulation_steps={steps}); accumulating twice makes "
+            f"windows of {n}x{steps} micro-batches, divided wrongly. Accumulate once: "
+            f"Accelerator(gradient_accumulation_steps=1) with tk.accumulate({n}, optimizer), or "
+            f"accelerate's gradient_accumulation_steps={n} with accelerator.accumulate(model) "
+            f"and no tk.accumulate")
+    scaler = getattr(optimizer, "scaler", None)
+    if scaler is not None and getattr(scaler, "is_enabled", lambda: True)():
+        raise ValueError(
+            f"accumulate({n}, {name}): this optimizer steps through accelerate's GradScaler "
+            f"(mixed_precision='fp16'), which unscales the gradients at every micro-batch and "
+            f"so corrupts the accumulated sum; use mixed_precision='bf16' (no scaler) or 'no', "
+            f"or accelerate's own gradient_accumulation_steps={n} without tk.accumulate")
 
 
 def check_clip(max_norm: Any, call: str) -> Optional[float]:

@@ -20,6 +20,7 @@ import math
 import sys
 from typing import Any, Callable, Iterator, List, Optional
 
+from .._wrapped import inner_optimizer
 from ..patch import optimizer_patch, patch as _patch_opt, wrap_zero_grad
 from . import data_parallel as dp
 from ._accumulate_args import Normalize, check_args
@@ -301,6 +302,9 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None, normalize: Normaliz
     Args:
         n: micro-batches per optimizer step (a positive int).
         optimizer: the optimizer; patched with :func:`trainkit.patch` if it is not already.
+            accelerate's prepared one too (its inner optimizer is gated), with
+            ``gradient_accumulation_steps=1`` and no GradScaler (fp16): double accumulation, or
+            a scaler unscaling every micro-batch, is refused.
         model: the model (the DDP-wrapped one, or the FSDP2 root given to ``fully_shard``; or
             ``torch.compile`` of either), to
             skip gradient sync on non-boundary micro-batches; its ``zero_grad()`` is held inside
@@ -321,11 +325,14 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None, normalize: Normaliz
                     scheduler.step()
     """
     n, max_norm = check_args(n, optimizer, model, normalize, clip_grad_norm)
+    # accelerate's prepared optimizer: tk.patch patches the one inside, whose step() and
+    # zero_grad() the wrapper's reach (every call: check_args refused one that accumulates itself)
+    optimizer, wrapper = inner_optimizer(optimizer) or optimizer, optimizer
     gate = getattr(optimizer_patch(optimizer), "gate", None)
     if isinstance(gate, Accumulator):
         raise ValueError(f"accumulate({n}, optimizer): this optimizer is already inside "
                          f"accumulate({gate.n}, ...); nest nothing, use one accumulate block")
-    _patch_opt(optimizer)
+    _patch_opt(wrapper)  # the inner one, and a GradScaler's saved step repointed
     p = optimizer_patch(optimizer)
     # The data-parallel model itself; the hook and the held zero_grad stay on what the loop
     # calls (a torch.compile wrapper's hooks run outside its graph).
