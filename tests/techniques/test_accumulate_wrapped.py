@@ -125,3 +125,22 @@ def test_accelerates_own_accumulation_with_tk_accumulate_is_refused():
     finally:
         accelerator.gradient_accumulation_steps = 1  # the state is accelerate's singleton
 
+
+def test_amp_step_through_a_wrapping_optimizer_inside_accumulate():
+    # Before, amp.step(prepared) saw no gate on the wrapper: it unscaled every micro-batch, and
+    # its scaler.step reached the inner optimizer's gate mid-window, which refused it.
+    base = model64()
+    data = batches([8] * 10)
+    oracle = big_batch_oracle(base, lambda ps: torch.optim.SGD(ps, lr=0.1), data, 4)
+    m = copy.deepcopy(base).float()
+    opt = Prepared(torch.optim.SGD(m.parameters(), lr=0.1))
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    with tk.accumulate(4, opt) as acc:
+        for x, y in data:
+            with tk.autocast_scaled(scaler, dtype="fp16") as amp:
+                loss = torch.nn.functional.mse_loss(m(x.float()), y.float())
+            amp.backward(loss)
+            assert amp.step(opt)
+            opt.zero_grad()
+    assert acc.steps == 3 and amp.skipped == 0
+    assert max_rel_err(m.double(), oracle) < 2e-3

@@ -25,6 +25,7 @@ import weakref
 from typing import Any, Iterator, Literal, Optional
 
 from .._text import brief
+from .._wrapped import inner_optimizer
 from ..patch import optimizer_patch
 from . import data_parallel as dp
 from ._accumulate_args import check_clip
@@ -88,6 +89,9 @@ class Amp:
             amp.backward(loss); amp.step(optimizer, clip_grad_norm=1.0); optimizer.zero_grad()
         """
         clip_grad_norm = check_clip(clip_grad_norm, "amp.step(optimizer, ...)")
+        inner = inner_optimizer(optimizer)
+        if inner is not None and getattr(optimizer_patch(inner), "gate", None) is not None:
+            optimizer = inner  # accelerate's prepared one in tk.accumulate (which the gate is on)
         gate = getattr(optimizer_patch(optimizer), "gate", None)
         if clip_grad_norm is not None and getattr(gate, "clip_grad_norm", None) is not None:
             raise ValueError(f"amp.step(optimizer, clip_grad_norm={clip_grad_norm!r}) inside "
