@@ -327,7 +327,7 @@ def _unpatch_optimizer(opt: Any) -> Any:
     if p.undo_fused is not None:
         p.undo_fused()
     compiled = getattr(p.core, "trainkit_compiled", None)
-    if compiled is not None:  # its load_state_dict hooks (compiled_step._keep_state_tensors)
+    if compiled is not None:  # its load_state_dict hooks (techniques._state_keeper)
         compiled.release(opt)
     return opt
 

@@ -29,6 +29,7 @@ from ..session import active as _active_session  # the module name is rebound by
 from .._text import brief
 from ..recorder import COMPILE_RECOMPILES, COMPILE_SECONDS
 from ._hyper import HyperTensors
+from ._state_keeper import keep_state_tensors, release_state_tensors
 
 Mode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 #: Calls that may compile without a warning: the first step creates the optimizer's state,
@@ -120,14 +121,14 @@ class _Compiled:
         h = self._hyper.get(id(opt))
         if h is None or h.opt is not opt:
             h = self._hyper[id(opt)] = HyperTensors(opt)
-            _keep_state_tensors(opt)
+            keep_state_tensors(opt)
         return h
 
     def release(self, opt: Any) -> None:
         """Forget ``opt`` (``tk.unpatch``): what this step changed on it for compiling is undone."""
         h = self._hyper.pop(id(opt), None)
         if h is not None and h.opt is opt:
-            _release_state_tensors(opt)
+            release_state_tensors(opt)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         saved: List[Tuple[Dict[str, Any], str, Any]] = []
@@ -172,57 +173,6 @@ class _Compiled:
                 f"lr=torch.tensor(0.01)); trainkit holds lr and Adam/AdamW betas as tensors "
                 f"itself. torch._logging.set_logs(recompiles=True) shows every recompile.",
                 RuntimeWarning, stacklevel=3)
-
-
-_KEEPER = "_trainkit_keeps_state"  # on the optimizer: [hook handles, how many compiled steps use them]
-
-
-def _keep_state_tensors(opt: Any) -> None:
-    """Make ``opt.load_state_dict`` copy into the state tensors it replaces (same shape, dtype
-    and device), while a compiled step uses ``opt``: the compiled step guards on their identity,
-    so a checkpoint loaded mid-run (a resume) was a recompile after warm-up, and its warning.
-    :func:`_release_state_tensors` undoes it (``tk.unpatch``)."""
-    keeper = opt.__dict__.get(_KEEPER)
-    if keeper is not None:
-        keeper[1] += 1
-        return
-    if not hasattr(opt, "register_load_state_dict_post_hook"):
-        return
-    import torch
-
-    held: Dict[str, Any] = {}
-
-    def pre(optimizer: Any, state_dict: Any) -> None:
-        held["state"] = {p: dict(st) for p, st in optimizer.state.items()}
-
-    def post(optimizer: Any) -> None:
-        before = held.pop("state", {})
-        with torch.no_grad():
-            for p, st in optimizer.state.items():
-                old = before.get(p, {})
-                for key, value in st.items():
-                    t = old.get(key)
-                    if (isinstance(value, torch.Tensor) and isinstance(t, torch.Tensor)
-                            and t is not value and t.shape == value.shape
-                            and t.dtype == value.dtype and t.device == value.device):
-                        t.copy_(value)
-                        st[key] = t
-
-    opt.__dict__[_KEEPER] = [(opt.register_load_state_dict_pre_hook(pre),
-                              opt.register_load_state_dict_post_hook(post)), 1]
-
-
-def _release_state_tensors(opt: Any) -> None:
-    """One compiled step no longer uses ``opt``: the last one removes the hooks
-    :func:`_keep_state_tensors` added (``load_state_dict`` replaces state tensors again)."""
-    keeper = opt.__dict__.get(_KEEPER)
-    if keeper is None:
-        return
-    keeper[1] -= 1
-    if keeper[1] <= 0:
-        for handle in keeper[0]:
-            handle.remove()
-        del opt.__dict__[_KEEPER]
 
 
 # -- public ------------------------------------------------------------------------------------------
