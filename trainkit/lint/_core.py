@@ -63,6 +63,18 @@ class FileContext:
                 self.parents[child] = parent
         self._training: Dict[ast.AST, bool] = {}
 
+    @cached_property
+    def assignments(self) -> Dict[str, List[ast.expr]]:
+        """Every dotted name assigned in the file (``x = ...``, ``self.x = ...``) -> its values."""
+        out: Dict[str, List[ast.expr]] = {}
+        for node in self.nodes:
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    name = dotted(target)
+                    if name is not None:
+                        out.setdefault(name, []).append(node.value)
+        return out
+
     # -- imports ------------------------------------------------------------
 
     @cached_property

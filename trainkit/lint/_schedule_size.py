@@ -29,18 +29,6 @@ def _constructors(ctx: FileContext, name: str) -> List[ast.Call]:
             and any(dotted(t) == name for t in node.targets)]
 
 
-def _assignments(ctx: FileContext) -> Dict[str, List[ast.expr]]:
-    """Every dotted name assigned in the file -> the values assigned to it."""
-    out: Dict[str, List[ast.expr]] = {}
-    for node in ctx.nodes:
-        if isinstance(node, ast.Assign):
-            for target in node.targets:
-                name = dotted(target)
-                if name is not None:
-                    out.setdefault(name, []).append(node.value)
-    return out
-
-
 def _expanded(expr: ast.expr, values: Dict[str, List[ast.expr]], depth: int = 0) -> List[ast.AST]:
     """The nodes of ``expr`` and, through the names it reads, of the values they were assigned."""
     nodes: List[ast.AST] = list(ast.walk(expr))
@@ -68,7 +56,7 @@ def sized_in_micro_batches(ctx: FileContext, scheduler: str, every: str) -> bool
     sizes: List[ast.expr] = list(call.args[1:]) + [k.value for k in call.keywords if k.arg not in _NOT_SIZES]
     if not sizes:
         return False
-    values = _assignments(ctx)
+    values = ctx.assignments
     nodes = [n for size in sizes for n in _expanded(size, values)]
     for node in nodes:
         if isinstance(node, ast.expr) and ast.unparse(node) == every:

@@ -13,18 +13,6 @@ _NUM_WORKERS_POS = 5
 _PIN_MEMORY_POS = 7
 
 
-def _assignments(ctx: FileContext) -> Dict[str, List[ast.expr]]:
-    """Name -> the values assigned to it anywhere in the file."""
-    out: Dict[str, List[ast.expr]] = {}
-    for node in ctx.nodes:
-        if isinstance(node, ast.Assign):
-            for target in node.targets:
-                name = dotted(target)
-                if name is not None:
-                    out.setdefault(name, []).append(node.value)
-    return out
-
-
 def _is_cuda_device(expr: ast.expr, values: Dict[str, List[ast.expr]], depth: int = 0) -> bool:
     """``"cuda"``, ``"cuda:0"``, ``torch.device("cuda")``, or a name only ever bound to one of those."""
     if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
@@ -94,7 +82,7 @@ def _loaders(ctx: FileContext) -> List[ast.Call]:
     over a dataset not visibly on the GPU already."""
     if not ctx.mentions_cuda:
         return []
-    values = _assignments(ctx)
+    values = ctx.assignments
     return [
         call
         for call in ctx.calls
