@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 import os
 import tokenize
-from typing import Collection, FrozenSet, Iterator, List, Optional, Union
+from typing import Collection, FrozenSet, Iterator, List, Optional, Set, Union
 
 from trainkit.lint._core import FileContext
 from trainkit.lint._registry import RULES, Finding, LintError
@@ -143,11 +143,13 @@ def _comment_lines(ctx: FileContext, node: ast.AST) -> List[int]:
     return lines
 
 
-def iter_python_files(paths: Collection[str]) -> Iterator[str]:
+def iter_python_files(paths: Collection[str], seen: Optional[Set[str]] = None) -> Iterator[str]:
     """Yield the files to lint: given files as they are, ``*.py`` under given folders.
 
     Hidden folders, ``__pycache__``, virtual environments (any folder with a
-    ``pyvenv.cfg``) and ``site-packages`` are skipped.
+    ``pyvenv.cfg``) and ``site-packages`` are skipped. With ``seen`` (a set of real paths, added
+    to), a file already in it is skipped: one file named twice (a folder and a file in it) is
+    linted once.
 
     Raises:
         LintError: A path that does not exist.
@@ -168,12 +170,24 @@ def iter_python_files(paths: Collection[str]) -> Iterator[str]:
                     and not os.path.exists(os.path.join(root, d, "pyvenv.cfg"))
                 )
                 for name in sorted(files):
-                    if name.endswith(".py"):
+                    if name.endswith(".py") and _first(os.path.join(root, name), seen):
                         yield os.path.join(root, name)
         elif os.path.exists(path):
-            yield path
+            if _first(path, seen):
+                yield path
         else:
             raise LintError(path, 0, "no such file or directory")
+
+
+def _first(path: str, seen: Optional[Set[str]]) -> bool:
+    """Whether ``path`` is not in ``seen`` (by its real path), which it joins; always without."""
+    if seen is None:
+        return True
+    key = os.path.realpath(path)
+    if key in seen:
+        return False
+    seen.add(key)
+    return True
 
 
 def read_source(path: str) -> str:
@@ -219,10 +233,6 @@ def lint_paths(paths: Collection[str], *, select: Codes = None, ignore: Codes = 
     if isinstance(paths, str):
         paths = [paths]
     findings: List[Finding] = []
-    seen = set()  # a file named twice (a folder and a file in it) is linted once
-    for path in iter_python_files(paths):
-        key = os.path.realpath(path)
-        if key not in seen:
-            seen.add(key)
-            findings.extend(lint_file(path, select=select, ignore=ignore))
+    for path in iter_python_files(paths, seen=set()):  # a file named twice is linted once
+        findings.extend(lint_file(path, select=select, ignore=ignore))
     return sorted(findings, key=lambda f: (f.path, f.line, f.col, f.code))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Callable, FrozenSet, List, Literal, Optional, Sequence, Set
 
@@ -102,11 +101,7 @@ def run(args: argparse.Namespace) -> int:
     seen: Set[str] = set()  # a file given twice (``src/ src/train.py``) is linted once
     for given in args.paths:
         try:
-            for path in _api.iter_python_files([given]):
-                key = os.path.realpath(path)
-                if key not in seen:
-                    seen.add(key)
-                    files.append(path)
+            files.extend(_api.iter_python_files([given], seen))
         except LintError as exc:
             missing += 1
             _report_failure(exc, given)
