@@ -238,6 +238,7 @@ def run(config: DemoConfig) -> DemoResult:
         return result
     finally:
         if ranks is not None:
+            model = None  # the DDP wrapper: Ranks.close frees it before the group ends
             ranks.close(wait=done)
 
 

@@ -167,3 +167,31 @@ def test_ranks_meet_in_torchruns_store_and_one_not_met_says_it_itself(monkeypatc
         assert exc.value.code == 2 and capsys.readouterr() == ("", "")
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+_DDP_LEFT = r"""
+import gc, sys
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from trainkit.demo import DemoConfig, run
+
+gc.disable()  # what a collection would free by chance stays until the interpreter's exit
+run(DemoConfig(logdir=sys.argv[1], epochs=1, train_size=128, val_size=64, progress=False))
+left = [o for o in gc.get_objects() if isinstance(o, DistributedDataParallel)]
+print("DDP left:", len(left), "process group:", dist.is_initialized())
+"""
+
+
+@pytest.mark.timeout(120)
+def test_the_ddp_wrapper_is_freed_before_the_process_group_ends(tmp_path):
+    """DDP sits in a reference cycle and holds gloo's process group: left to a collection at
+    the interpreter's exit, gloo's threads end with it there and can abort the process
+    ("terminate called without an active exception", exit -6, seen once in CI). The demo
+    frees it before it ends the process group."""
+    env = child_env()
+    env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-c", _DDP_LEFT, str(tmp_path / "run")], cwd=str(REPO),
+                          env=env, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "DDP left: 0 process group: False" in proc.stdout, proc.stdout + proc.stderr[-3000:]

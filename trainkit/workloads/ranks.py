@@ -3,6 +3,7 @@ agree (when to stop) and share their results."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -80,7 +81,13 @@ class Ranks:
 
     def close(self, wait: bool) -> None:
         """Ends the process group the demo made; ``wait``: for every rank first (after an error
-        on this one, not: the others are inside another collective, and torchrun ends them)."""
+        on this one, not: the others are inside another collective, and torchrun ends them).
+
+        The caller drops its references to the DDP wrapper first: DDP sits in a reference cycle
+        and holds the process group, so only a collection frees them. Left to the one at the
+        interpreter's exit, gloo's threads end there and can abort the process ("terminate
+        called without an active exception", exit status -6), so it is collected here."""
+        gc.collect()
         if self.own and self.dist.is_initialized():
             if wait:
                 self.dist.barrier(group=self.group)  # no rank tears gloo down while another talks
