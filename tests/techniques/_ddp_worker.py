@@ -1,6 +1,7 @@
 """Body of each rank of the DDP accumulation test (run by torch.multiprocessing.spawn)."""
 from __future__ import annotations
 
+import gc
 import os
 
 import torch
@@ -53,37 +54,44 @@ def run(rank: int, world: int, port: int, outdir: str, sizes_by_rank, n: int) ->
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        torch.set_num_threads(1)
-        out = {}
-        for key, normalize, clip in (("mean", "mean", None), ("items", "items", None),
-                                     ("clip", "mean", CLIP), ("items_zero", "items", None)):
-            model = torch.nn.parallel.DistributedDataParallel(model64())
-            calls = [0]
-
-            def hook(state, bucket):
-                calls[0] += 1
-                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-                return default_hooks.allreduce_hook(state, bucket)
-
-            model.register_comm_hook(None, hook)
-            opt = torch.optim.Adam(model.parameters(), lr=0.01)
-            sizes = sizes_by_rank[rank] if normalize == "items" else [4] * len(sizes_by_rank[rank])
-            if key == "items_zero":
-                sizes = zero_first_window(rank, sizes, n)
-            with tk.accumulate(n, opt, model=model, normalize=normalize,
-                               clip_grad_norm=clip) as acc:
-                for x, y in rank_batches(rank, sizes):
-                    red = "sum" if normalize == "items" else "mean"
-                    torch.nn.functional.mse_loss(model(x), y, reduction=red).backward()
-                    if normalize == "items":
-                        acc.add_items(len(x))
-                    opt.step()
-                    opt.zero_grad()
-            out[key] = {"params": [p.detach().clone() for p in model.module.parameters()],
-                              "allreduces": calls[0], "steps": acc.steps,
-                              "sync_flag": model.require_backward_grad_sync}
-        out["branches"] = run_branches(rank, n)
-        torch.save(out, os.path.join(outdir, f"rank{rank}.pt"))
+        _run(rank, world, outdir, sizes_by_rank, n)
     finally:
+        # The models' locals are gone with _run; DDP and FSDP sit in reference cycles that hold
+        # the group, and left to the collection at exit gloo's threads can abort the process.
+        gc.collect()
         dist.destroy_process_group()
+
+
+def _run(rank: int, world: int, outdir: str, sizes_by_rank, n: int) -> None:
+    torch.set_num_threads(1)
+    out = {}
+    for key, normalize, clip in (("mean", "mean", None), ("items", "items", None),
+                                 ("clip", "mean", CLIP), ("items_zero", "items", None)):
+        model = torch.nn.parallel.DistributedDataParallel(model64())
+        calls = [0]
+
+        def hook(state, bucket):
+            calls[0] += 1
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            return default_hooks.allreduce_hook(state, bucket)
+
+        model.register_comm_hook(None, hook)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        sizes = sizes_by_rank[rank] if normalize == "items" else [4] * len(sizes_by_rank[rank])
+        if key == "items_zero":
+            sizes = zero_first_window(rank, sizes, n)
+        with tk.accumulate(n, opt, model=model, normalize=normalize,
+                           clip_grad_norm=clip) as acc:
+            for x, y in rank_batches(rank, sizes):
+                red = "sum" if normalize == "items" else "mean"
+                torch.nn.functional.mse_loss(model(x), y, reduction=red).backward()
+                if normalize == "items":
+                    acc.add_items(len(x))
+                opt.step()
+                opt.zero_grad()
+        out[key] = {"params": [p.detach().clone() for p in model.module.parameters()],
+                          "allreduces": calls[0], "steps": acc.steps,
+                          "sync_flag": model.require_backward_grad_sync}
+    out["branches"] = run_branches(rank, n)
+    torch.save(out, os.path.join(outdir, f"rank{rank}.pt"))

@@ -3,6 +3,7 @@ on gloo, STEPS steps under one trainkit session.
 
 Usage: torchrun ... ddp_train.py LOGDIR STEPS [ddp|fsdp2]
 """
+import gc
 import sys
 
 import torch
@@ -36,4 +37,6 @@ with tk.session(logdir=logdir, system_metrics=False) as s:
         s.log("loss", loss)
     print(f"rank {rank} wrote {s.logdir}", flush=True)
 dist.barrier()  # no rank tears gloo down while the other still talks to it
+del model, opt  # DDP and FSDP sit in reference cycles that hold the group: freed before it ends
+gc.collect()
 dist.destroy_process_group()
