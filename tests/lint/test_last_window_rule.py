@@ -368,3 +368,33 @@ def test_a_sequence_length_is_not_the_end_of_the_pass(length: str) -> None:
                 optimizer.zero_grad()
     """
     assert _pairs(src) == []
+
+
+# A loss multiplied by a name bound to `1 / n` was once missed: the divisor came back as the name.
+MULTIPLIED_BY_A_NAMED_RECIPROCAL = """
+def fit(net, batches, opt, criterion, k):
+    weight = 1.0 / k
+    for j, (a, b) in enumerate(batches):
+        out = criterion(net(a), b)
+        out = out * weight
+        out.backward()
+        if (j + 1) % k == 0 or j + 1 == len(batches):
+            opt.step()
+            opt.zero_grad()
+"""
+
+
+def test_a_loss_multiplied_by_a_name_bound_to_one_over_n_is_found() -> None:
+    assert _pairs(MULTIPLIED_BY_A_NAMED_RECIPROCAL) == [("TK110", 6)]
+    assert "`out = out * weight` divides each micro-batch's loss by `k`" in _texts(MULTIPLIED_BY_A_NAMED_RECIPROCAL)[6]
+    inline = MULTIPLIED_BY_A_NAMED_RECIPROCAL.replace("out = out * weight", "out = out * (1 / k)")
+    assert _pairs(inline) == [("TK110", 6)]
+
+
+def test_a_named_reciprocal_of_something_else_is_not_n() -> None:
+    # bound to another divisor, or to two different ones: not the `k` of the `%` test
+    other = MULTIPLIED_BY_A_NAMED_RECIPROCAL.replace("weight = 1.0 / k", "weight = 1.0 / len(batches)")
+    assert _pairs(other) == []
+    two = MULTIPLIED_BY_A_NAMED_RECIPROCAL.replace(
+        "    weight = 1.0 / k\n", "    weight = 1.0 / k\n    if len(batches) < k:\n        weight = 1.0 / len(batches)\n")
+    assert _pairs(two) == []

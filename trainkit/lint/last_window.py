@@ -13,7 +13,7 @@ micro-batches, each still divided by ``n``: its update is ``k/n`` of a full one.
 
 Reported on the division, when the loss is divided by the very ``n`` of the step's ``%`` test
 (the same name or literal, not rebound in the loop, as timm rebinds ``accum_steps`` for its last
-window), and the step's test has a last-batch alternative: ``i + 1 == len(loader)``,
+window; also through ``scale = 1 / n`` then ``loss * scale``), and the step's test has a last-batch alternative: ``i + 1 == len(loader)``,
 ``i == len(loader) - 1``, ``i == last_idx``, a name bound to one (``last_batch = i == last_idx``,
 then ``need_update = last_batch or ...``), or a bare ``is_last`` / ``last_batch`` flag.
 """
@@ -146,6 +146,23 @@ def _rebound(acc: Accumulation, n: ast.expr) -> bool:
         isinstance(getattr(x, "ctx", None), ast.Store) and dotted(x) == name for x in acc.loop.region)
 
 
+def _through_name(ctx: FileContext, by: ast.expr) -> ast.expr:
+    """``n`` for a name only ever bound to ``1 / n`` (``scale = 1 / n``, then ``loss * scale``); else ``by``.
+
+    Every assignment of the name in the file must divide by the same ``n``: ``scale = 1 / n`` in
+    one place and ``1 / k`` in another says nothing about this loop's divisor.
+    """
+    name = dotted(by)
+    if name is None or name not in ctx.reciprocal_names:
+        return by
+    values = ctx.assignments.get(name, [])
+    if not values or not all(isinstance(v, ast.BinOp) and isinstance(v.op, ast.Div) for v in values):
+        return by  # also `scale = 0.25`: a literal is not the `n` of the `%` test
+    if len({ast.dump(v.right) for v in values}) != 1:  # type: ignore[attr-defined]
+        return by
+    return values[0].right  # type: ignore[attr-defined]
+
+
 def _example(n: ast.expr) -> str:
     """The consequence in numbers, for ``n`` as written."""
     if isinstance(n, ast.Constant) and isinstance(n.value, int) and n.value >= 2:
@@ -201,7 +218,7 @@ def check_short_last_window(ctx: FileContext) -> Iterator[Hit]:
             name = loss_of(acc.loop, call)
             for node in normalisations_before(acc.loop, call, name):
                 by = divisor(node, ctx.reciprocal_names)
-                if by is None or ast.dump(by) != ast.dump(n) or id(node) in seen:
+                if by is None or ast.dump(_through_name(ctx, by)) != ast.dump(n) or id(node) in seen:
                     continue
                 seen.add(id(node))
                 every = ast.unparse(n)
