@@ -45,9 +45,19 @@ class Frozen:
     y: int
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class FrozenSlots:
+@dataclasses.dataclass(frozen=True)
+class FrozenSlots:  # what dataclass(slots=True) makes (Python 3.10+), written so 3.9 reads it
+    __slots__ = ("x",)
     x: torch.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotsMore(FrozenSlots):  # slots of its own beside its base's: one private, one never set
+    __slots__ = ("y", "__tag", "unset")
+    y: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_SlotsMore__tag", "t")
 
 
 @dataclasses.dataclass
@@ -79,6 +89,16 @@ def test_to_device_moves_dataclass_fields_keeping_the_type(tmp_path):
     assert type(out["s"]) is FrozenSlots and out["s"].x.device.type == "meta"
     # x, ids, extra, derived (a view: its own bytes), the frozen ones' x.
     assert nbytes == [2 * 3 * 4 + 4 * 8 + 5 * 4 + 1 * 3 * 4 + 3 * 4 + 1 * 4]
+
+
+def test_to_device_copies_a_frozen_dataclass_whose_slots_are_written_by_hand():
+    """copy.copy sets such slots with the setattr frozen refuses: trainkit copies them itself,
+    the base's and the class's own, a private one too; one never set stays unset."""
+    src = SlotsMore(torch.ones(2), 3)
+    out = tk.to_device(src, "meta")
+    assert type(out) is SlotsMore and out is not src and out.x.device.type == "meta"
+    assert out.y == 3 and out._SlotsMore__tag == "t" and not hasattr(out, "unset")
+    assert src.x.device.type == "cpu"
 
 
 def test_to_device_leaves_dataclasses_without_tensors_or_with_their_own_to_as_they_are():

@@ -148,10 +148,37 @@ def _walk_dataclass(obj: Any, device: Any, non_blocking: Optional[bool], acc: Op
             values[field.name] = out
     if not values:
         return obj
-    copied = copy.copy(obj)
+    copied = _shallow_copy(obj)
     for name, value in values.items():
         object.__setattr__(copied, name, value)
     return copied
+
+
+def _shallow_copy(obj: Any) -> Any:
+    """``copy.copy(obj)``; for a frozen dataclass with ``__slots__`` written by hand (Python
+    3.9's only way; ``slots=True`` adds a ``__setstate__`` that copy can use), whose slots copy
+    would set with the ``setattr`` frozen refuses, a copy made with ``object.__setattr__``."""
+    try:
+        return copy.copy(obj)
+    except dataclasses.FrozenInstanceError:
+        pass
+    cls = type(obj)
+    copied = cls.__new__(cls)
+    names = [name for klass in cls.__mro__ for name in _slot_names(klass)]
+    names += list(getattr(obj, "__dict__", ()))
+    for name in names:
+        try:
+            object.__setattr__(copied, name, getattr(obj, name))
+        except AttributeError:  # a slot never set stays unset
+            pass
+    return copied
+
+
+def _slot_names(klass: type) -> List[str]:
+    slots = klass.__dict__.get("__slots__", ())
+    names = [slots] if isinstance(slots, str) else list(slots)
+    return [f"_{klass.__name__.lstrip('_')}{n}" if n.startswith("__") and not n.endswith("__")
+            else n for n in names if n not in ("__dict__", "__weakref__")]  # __x: mangled
 
 
 def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> Any:
