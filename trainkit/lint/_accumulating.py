@@ -13,7 +13,7 @@ import ast
 from dataclasses import dataclass
 from typing import Iterator, Optional, Tuple
 
-from trainkit.lint._conditions import exit_side
+from trainkit.lint._exits import exit_side
 from trainkit.lint._core import FileContext, TrainingLoop
 from trainkit.lint._nodes import dotted, method_name, pos, receiver
 
@@ -73,11 +73,11 @@ def runs_with(loop: TrainingLoop, node: ast.AST, guard: ast.AST, step: ast.Call)
 
     Only the side of ``guard`` matters: a clip in the ``else`` of an ``if use_amp:`` under the
     step's ``if`` runs with that branch's ``optimizer.step()``, though not with ``scaler.step``.
+    An ``if`` on the same test, or on its negation, counts as ``guard``: a backward under
+    ``if learn:`` runs with a step behind ``if not learn: continue``.
     """
-    if guard not in loop.guards(node):
-        return False
     side = loop.side_of(step, guard)
-    return side is not None and loop.side_of(node, guard) == side
+    return side is not None and loop.runs_on(node, guard, side)
 
 
 def fresh_gradient(ctx: FileContext, loop: TrainingLoop, step: ast.Call, guard: ast.AST, optimizer: Optional[str]) -> bool:

@@ -10,7 +10,8 @@ Two spellings of such a test are followed besides the plain ``if``:
 * an *early exit*: ``if (i + 1) % n != 0: continue`` (a branch ending in ``continue``)
   guards the rest of its block, which runs only on the other side of that ``if``
   (timm's train loop). Only exits whose test uses ``%`` count: ``if x is None: continue``
-  filters data and leaves the rest running on (nearly) every batch;
+  filters data and leaves the rest running on (nearly) every batch. ``break``/``return``
+  exit too, and a nested exit is read as one ``if`` (see :mod:`trainkit.lint._exits`);
 * a *named test*: ``need_update = last_batch or (i + 1) % n == 0`` bound once in the
   iteration, then ``if need_update:`` or ``if not need_update: continue``.
 """
@@ -20,6 +21,7 @@ import ast
 from functools import cached_property
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
+from trainkit.lint._exits import Exit, as_exit, exit_side, leaves_rare, polarity
 from trainkit.lint._nodes import dotted, find_modulo, is_device_check, pos
 
 if TYPE_CHECKING:
@@ -27,23 +29,6 @@ if TYPE_CHECKING:
 
 # ``case`` blocks of a ``match`` (Python 3.10+): each runs only when its pattern matches.
 _MATCH_CASE: Tuple[type, ...] = (ast.match_case,) if hasattr(ast, "match_case") else ()
-
-_Exit = Tuple[ast.If, str]  # an early-exit ``if`` and the side the rest of its block runs on
-
-
-def exit_side(stmt: ast.AST) -> Optional[str]:
-    """``"orelse"`` for ``if c: ...; continue`` (the rest of the block runs where ``c`` is false),
-    ``"body"`` for ``if c: ... else: continue``, None for any other statement."""
-    if not isinstance(stmt, ast.If):
-        return None
-    body = bool(stmt.body) and isinstance(stmt.body[-1], ast.Continue)
-    orelse = bool(stmt.orelse) and isinstance(stmt.orelse[-1], ast.Continue)
-    if body and not orelse:
-        return "orelse"
-    if orelse and not body:
-        return "body"
-    return None  # no exit, or both sides exit (the rest of the block never runs)
-
 
 def _is_query(call: ast.Call) -> bool:
     """``scaler.is_enabled()``, ``torch.cuda.is_available()``: a state query without arguments."""
@@ -94,35 +79,58 @@ class Branching:
         return expr
 
     @cached_property
-    def _exits_before(self) -> Dict[ast.AST, List[_Exit]]:
-        """Statement -> the early exits on a ``%`` test before it in its block, nearest first."""
+    def _all_exits(self) -> Dict[ast.AST, List[Exit]]:
+        """Statement -> the early exits (on any test) before it in its block, nearest first."""
         blocks: List[List[ast.stmt]] = [self.node.body]
         for n in self.region:
             for field in ("body", "orelse", "finalbody"):
                 block = getattr(n, field, None)
                 if isinstance(block, list):
                     blocks.append(block)
-        out: Dict[ast.AST, List[_Exit]] = {}
+        out: Dict[ast.AST, List[Exit]] = {}
         for block in blocks:
-            seen: List[_Exit] = []
+            seen: List[Exit] = []
             for stmt in block:
                 if seen:
                     out[stmt] = seen[::-1]
-                side = exit_side(stmt)
-                if side is not None and self.guard_modulo(stmt) is not None:
-                    seen.append((stmt, side))  # type: ignore[arg-type]
+                found = as_exit(stmt)
+                if found is not None:
+                    seen.append(found)
         return out
 
-    def _path(self, node: ast.AST) -> Iterator[Tuple[ast.AST, ast.AST]]:
+    @cached_property
+    def _exits_before(self) -> Dict[ast.AST, List[Exit]]:
+        """Statement -> the early exits on a ``%`` test before it in its block, nearest first.
+
+        A nested exit counts when it is taken where the ``%`` test says "not a multiple"
+        (``if warm: if i % n != 0: continue``), so the rest runs only on the multiples; not
+        ``if step % eval_every == 0: if done: break``, after which the rest runs on nearly every batch.
+        """
+        out: Dict[ast.AST, List[Exit]] = {}
+        for stmt, exits in self._all_exits.items():
+            kept = [(owner, side) for owner, side in exits if self.guard_modulo(owner) is not None
+                    # a stand-in for a nested exit must leave the multiples only
+                    and (not self.stand_in(owner) or leaves_rare(self.resolved(owner.test)))]
+            if kept:
+                out[stmt] = kept
+        return out
+
+    def stand_in(self, guard: ast.AST) -> bool:
+        """Whether ``guard`` is the ``if <condition>: continue`` standing in for a nested early exit."""
+        return isinstance(guard, ast.If) and guard not in self.ctx.parents
+
+    def _path(self, node: ast.AST, every_exit: bool = False) -> Iterator[Tuple[ast.AST, ast.AST]]:
         """``(parent, child)`` from ``node`` up to the loop; an early exit before ``child`` comes as
-        ``(exit_if, child)``, before ``child``'s own parent (it is nearer)."""
+        ``(exit_if, child)``, before ``child``'s own parent (it is nearer). Only exits on a ``%``
+        test, unless ``every_exit``."""
+        exits = self._all_exits if every_exit else self._exits_before
         child = node
         for parent in self.ctx.ancestors(node, stop=self.node):
-            for exit_if, _ in self._exits_before.get(child, ()):
+            for exit_if, _ in exits.get(child, ()):
                 yield exit_if, child
             yield parent, child
             child = parent
-        for exit_if, _ in self._exits_before.get(child, ()):
+        for exit_if, _ in exits.get(child, ()):
             yield exit_if, child
 
     def _exit_side(self, owner: ast.AST, child: ast.AST) -> Optional[str]:
@@ -135,6 +143,15 @@ class Branching:
     def exits_before(self, node: ast.AST) -> List[ast.If]:
         """The early exits on a ``%`` test that ``node`` runs behind, innermost first."""
         return [owner for owner, child in self._path(node) if self._exit_side(owner, child) is not None]  # type: ignore[misc]
+
+    def early_exits(self, node: ast.AST) -> List[Tuple[ast.If, str]]:
+        """Every early exit ``node`` runs behind (on any test), with the side it runs on, innermost first."""
+        out: List[Tuple[ast.If, str]] = []
+        for owner, child in self._path(node, every_exit=True):
+            side = self._exit_side(owner, child)
+            if side is not None:
+                out.append((owner, side))  # type: ignore[arg-type]
+        return out
 
     # -- guards and branches --------------------------------------------------
 
@@ -193,18 +210,20 @@ class Branching:
         """The side of ``guard`` (an ``if`` or ``match``) that ``node`` runs on, if it sits in one."""
         return next((side for owner, side in self.branches(node) if owner is guard), None)
 
-    def _same_test(self, first: ast.If, second: ast.If) -> bool:
-        """Two ``if`` statements testing one unchanged value: ``if use_amp:`` twice in an iteration.
+    def _same_test(self, first: ast.If, second: ast.If) -> Optional[bool]:
+        """Two ``if`` statements testing one unchanged value: True for ``if use_amp:`` twice in an
+        iteration, False for ``if x:`` then ``if not x:`` (or ``==`` then ``!=``), else None.
 
         The test must read names only (no call, which could answer differently; but an
         argument-less ``is_...()`` query such as ``scaler.is_enabled()`` answers the same), and
         none of them may be assigned between the two ``if`` statements.
         """
-        if ast.dump(first.test) != ast.dump(second.test):
-            return False
+        (a, kept_a), (b, kept_b) = polarity(first.test), polarity(second.test)
+        if a != b:
+            return None
         if any(isinstance(n, (ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom))
                or (isinstance(n, ast.Call) and not _is_query(n)) for n in ast.walk(first.test)):
-            return False
+            return None
         read = {dotted(n) for n in ast.walk(first.test) if isinstance(n, (ast.Name, ast.Attribute))}
         read.discard(None)
         low, high = sorted((pos(first), pos(second)))
@@ -212,22 +231,37 @@ class Branching:
             if low < pos(n) < high and isinstance(getattr(n, "ctx", None), (ast.Store, ast.Del)):
                 name = dotted(n)
                 if name is not None and any(r == name or r.startswith(name + ".") for r in read):  # type: ignore[union-attr]
-                    return False
-        return True
+                    return None
+        return kept_a == kept_b
+
+    def runs_on(self, node: ast.AST, guard: ast.AST, side: object) -> bool:
+        """Whether ``node`` runs only on ``side`` of ``guard``: it sits there, or on the matching side
+        of an ``if`` with the same test or its negation (``if x:`` ... ``if not x: continue``)."""
+        for owner, mine in self.branches(node):
+            if owner is guard:
+                return mine == side
+            if isinstance(owner, ast.If) and isinstance(guard, ast.If) and mine in ("body", "orelse"):
+                same = self._same_test(owner, guard)
+                if same is not None and (mine == side) == same:
+                    return True
+        return False
 
     def exclusive(self, a: ast.AST, b: ast.AST) -> bool:
         """Whether ``a`` and ``b`` never both run in one iteration.
 
         They sit in opposite branches of one ``if`` (or in two ``case`` blocks of one
         ``match``), or in opposite branches of two ``if`` statements with the same test whose
-        names are not reassigned between them (``if use_amp: ... if use_amp: ... else: ...``).
+        names are not reassigned between them (``if use_amp: ... if use_amp: ... else: ...``),
+        or on the same side of ``if x:`` and ``if not x:``.
         """
         path_a = self.branches(a)
         path_b = self.branches(b)
         for owner_a, side_a in path_a:
             for owner_b, side_b in path_b:
-                if (owner_a is not owner_b and side_a != side_b and isinstance(owner_a, ast.If)
-                        and isinstance(owner_b, ast.If) and self._same_test(owner_a, owner_b)):
+                if owner_a is owner_b or not (isinstance(owner_a, ast.If) and isinstance(owner_b, ast.If)):
+                    continue
+                same = self._same_test(owner_a, owner_b)
+                if same is not None and (side_a == side_b) != same:
                     return True
         sides_a = {id(owner): side for owner, side in path_a}
         for owner, side in path_b:

@@ -172,8 +172,8 @@ def check_first_window_of_one(ctx: FileContext) -> Iterator[Hit]:
     for acc in accumulating_loops(ctx):
         guard = acc.guard
         side = acc.loop.side_of(acc.step, guard)
-        if not isinstance(guard, ast.If) or side is None:
-            continue
+        if not isinstance(guard, ast.If) or side is None or acc.loop.stand_in(guard):
+            continue  # a nested exit (`if warm: if i % n != 0: continue`) steps on other batches too
         # `if i % n == 0: step`, `if i % n != 0: continue` before it, or a name bound to either
         for test, holds in acc.loop.tests_for(guard, side):
             if not (len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq if holds else ast.NotEq)):
