@@ -2,13 +2,14 @@
 
 ``.item()``, ``.cpu()``, ``.tolist()``, ``.numpy()`` and printing a tensor make
 the CPU wait for the GPU to finish everything queued so far, so the GPU idles
-while the CPU prepares the next step. Once every N steps for logging is fine.
+while the CPU prepares the next step. Once every N steps for logging is fine, and so is once per
+update of accelerate's accumulation (``if accelerator.sync_gradients:``) or on a non-finite loss.
 """
 from __future__ import annotations
 
 import ast
 import re
-from typing import Dict, Iterator, List, Optional, Set
+from typing import Callable, Dict, Iterator, List, Optional, Set
 
 from trainkit.lint._core import FileContext, TrainingLoop
 from trainkit.lint._nodes import dotted, has_modulo, method_name, names_in
@@ -24,16 +25,59 @@ _TENSORISH_RE = re.compile(
 )
 
 
+def _implies(test: ast.expr, holds: bool, leaf: Callable[[ast.expr, bool], bool]) -> bool:
+    """Whether ``test`` being ``holds`` (true, or false) implies what ``leaf`` asks of one of its parts."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _implies(test.operand, not holds, leaf)
+    if isinstance(test, ast.BoolOp):
+        parts = (_implies(v, holds, leaf) for v in test.values)
+        # `a and b` true (or `a or b` false) pins every part; `a or b` true pins none of them alone
+        return any(parts) if isinstance(test.op, ast.And) == holds else all(parts)
+    return leaf(test, holds)
+
+
+def _synced(expr: ast.expr, holds: bool) -> bool:
+    """``accelerator.sync_gradients`` true: accelerate's real step, once per accumulation window."""
+    name = dotted(expr)
+    return holds and name is not None and name.split(".")[-1] == "sync_gradients"
+
+
+def _bad_value(expr: ast.expr, holds: bool) -> bool:
+    """A non-finite loss: ``torch.isnan(loss)`` (``.any()``) true, or ``torch.isfinite(loss)`` (``.all()``) false."""
+    if not isinstance(expr, ast.Call):
+        return False
+    name = (dotted(expr.func) or "").split(".")[-1] or method_name(expr)
+    if name in ("any", "all"):
+        inner = expr.args[0] if len(expr.args) == 1 else getattr(expr.func, "value", None)
+        return isinstance(inner, ast.Call) and _bad_value(inner, holds)
+    if name in ("isnan", "isinf"):
+        return holds
+    return name == "isfinite" and not holds
+
+
+def _rare(loop: TrainingLoop, test: ast.expr, holds: bool) -> bool:
+    """Whether code running where ``test`` is ``holds`` runs once per real step of accelerate's
+    accumulation, or only on a non-finite loss, not on every micro-batch."""
+    test = loop.resolved(test)
+    return _implies(test, holds, _synced) or _implies(test, holds, _bad_value)
+
+
 def _exempt(ctx: FileContext, loop: TrainingLoop, node: ast.AST) -> bool:
     """Under a logging ``if`` (or behind ``if step % log_every != 0: continue``), in a validation
-    branch, or under ``torch.no_grad()``."""
+    branch, under ``if accelerator.sync_gradients:`` (or behind ``if not ...: continue``), in a
+    branch for a non-finite loss, or under ``torch.no_grad()``."""
     if loop.exits_before(node):
+        return True
+    if any(_rare(loop, owner.test, side == "body") for owner, side in loop.early_exits(node)):
         return True
     child = node
     for parent in ctx.ancestors(node, stop=loop.node):
-        # Only the body is the logging branch; the else branch runs on the plain steps.
-        if isinstance(parent, ast.If) and any(child is s for s in parent.body):
-            if has_modulo(parent.test) or any(_LOGGING_RE.search(n) for n in names_in(parent.test)):
+        if isinstance(parent, ast.If) and child is not parent.test:
+            in_body = any(child is s for s in parent.body)
+            if _rare(loop, parent.test, in_body):
+                return True
+            # Only the body is the logging branch; the else branch runs on the plain steps.
+            if in_body and (has_modulo(parent.test) or any(_LOGGING_RE.search(n) for n in names_in(parent.test))):
                 return True
         child = parent
     return ctx.inside_with(node, _NO_GRAD, stop=loop.node)
