@@ -3,8 +3,11 @@
 On SIGTERM the active session is flushed and closed, then the signal is raised again with the
 previous handler, so the exit status is the one the process would have had (a handler of the
 user's that lets the process live on gets a flush, and the session goes on recording). While a
-session closes, both signals are held and act once everything is written. Python sets signal
-handlers only in the main thread; elsewhere these do nothing.
+session closes, both signals are held and act once everything is written, and so is SIGCHLD: a
+DataLoader's handler for it (torch's) raises when one of its workers died, as they do when a
+SIGTERM goes to the whole process group (a job scheduler's, ``kill -- -PGID``), and raised inside
+the final write it lost the run's last records. Python sets signal handlers only in the main
+thread; elsewhere these do nothing.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import signal
 import threading
 from typing import Any, Dict, Iterator, List
 
+#: The signals held while a session writes: SIGCHLD where there is one (not on Windows).
+_HELD = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGCHLD,) if hasattr(signal, "SIGCHLD") else ())
 _prev_sigterm: Any = None
 _installed = False
 
@@ -31,17 +36,27 @@ def on_sigterm(signum: int, frame: Any) -> None:
         # The process may live on (a handler that sets a "stop after this epoch" flag, or one
         # that ignores SIGTERM): write what is recorded, and keep recording.
         s = S._active
-        if s is not None:
-            s.flush()
-        if callable(prev):
-            prev(signum, frame)
+        with held(replay=False) as came:
+            if s is not None:
+                s.flush()
+        try:
+            if callable(prev):
+                prev(signum, frame)
+        finally:
+            _replay(came)  # after the user's handler, as they would have come without trainkit
         return
     # Default action: flush and close, then die by the signal, so that the parent sees the same
-    # exit status as without trainkit.
-    S._close_active()
-    release()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
+    # exit status as without trainkit. A DataLoader's workers killed by the same SIGTERM (sent
+    # to the process group) would have torch raise its "worker killed" error here, after the
+    # close, in place of the exit by SIGTERM: the process is ending, so SIGCHLD is let be.
+    if hasattr(signal, "SIGCHLD"):
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        S._close_active()
+    finally:
+        release()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def install() -> None:
@@ -65,24 +80,31 @@ def release() -> None:
 
 
 @contextlib.contextmanager
-def held() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM while a session closes, then let them act as they would have:
-    a second Ctrl-C during the final write would leave a half-closed session and lose the
-    records the write was for. Only the main thread can set handlers; elsewhere a no-op."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+def held(replay: bool = True) -> Iterator[List[int]]:
+    """Hold SIGINT, SIGTERM and SIGCHLD while a session writes, then let them act as they would
+    have: a second Ctrl-C (or torch's error for a DataLoader worker that died) during the final
+    write would leave a half-closed session and lose the records the write was for. Yields the
+    signals that came, in order; with ``replay=False`` the caller replays them
+    (:func:`_replay`). Only the main thread can set handlers; elsewhere a no-op."""
     came: List[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield came
+        return
     saved: Dict[int, Any] = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in _HELD:
         try:
             saved[sig] = signal.signal(sig, lambda signum, frame: came.append(signum))
         except (ValueError, OSError):  # not settable here
             pass
     try:
-        yield
+        yield came
     finally:
         for sig, prev in saved.items():
             signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
-        for signum in dict.fromkeys(came):  # each once, in the order they came
-            signal.raise_signal(signum)
+        if replay:
+            _replay(came)
+
+
+def _replay(came: List[int]) -> None:
+    for signum in dict.fromkeys(came):  # each once, in the order they came
+        signal.raise_signal(signum)

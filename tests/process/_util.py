@@ -66,11 +66,13 @@ class _sigint_default_in_children:
 class Child:
     """A child process whose stdout lines are collected by a thread (no blocking readline)."""
 
-    def __init__(self, args: Sequence[str]) -> None:
+    def __init__(self, args: Sequence[str], *, new_session: bool = False) -> None:
+        """``new_session``: the child leads a process group of its own (to be signalled whole)."""
         with _sigint_default_in_children():
             self.proc = subprocess.Popen(
                 [str(a) for a in args], cwd=str(REPO), env=child_env(),
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+                start_new_session=new_session)
         self.lines: List[str] = []
         self.stderr = ""
         self._cond = threading.Condition()
