@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import ast
 import os
+import sys
 import tokenize
 from typing import Collection, FrozenSet, Iterator, List, Optional, Set, Union
 
 from trainkit.lint._core import FileContext
+from trainkit.lint._depth import check_depth
 from trainkit.lint._registry import RULES, Finding, LintError
 from trainkit.lint._suppress import is_suppressed, parse_suppressions
 
@@ -95,6 +97,8 @@ def lint_source(source: str, path: str = "<string>", *, select: Codes = None, ig
     """
     codes = _chosen(select, ignore)
     try:
+        if sys.version_info < (3, 11):  # their ast.parse crashes (SIGSEGV) on a ~100,000-deep tree
+            check_depth(source)
         tree = ast.parse(source, filename=path)
     except SyntaxError as exc:
         raise LintError(path, exc.lineno or 0, f"syntax error: {exc.msg}") from exc
