@@ -1,0 +1,106 @@
+"""A micro-batch loop nested in the batch loop, with the optimizer step after it (nanoGPT's shape).
+
+The inner loop's backwards add up into the one step after it, so a ``zero_grad()`` at every
+inner iteration wipes all but the last one's gradient; it once went unreported (the inner
+loop has no step, the outer loop no backward of its own). Inner loops that collect gradients
+one by one on purpose (gradient surgery, per-sample clipping) must stay clean.
+"""
+from __future__ import annotations
+
+import textwrap
+from typing import List, Tuple
+
+from trainkit.lint import lint_source
+
+
+def _pairs(source: str) -> List[Tuple[str, int]]:
+    return [(f.code, f.line) for f in lint_source(textwrap.dedent(source))]
+
+
+WIPED_EACH_CHUNK = """
+def fit(net, batches, opt, crit, parts):
+    for a, b in batches:
+        for sub_a, sub_b in zip(a.chunk(parts), b.chunk(parts)):
+            opt.zero_grad()
+            out = crit(net(sub_a), sub_b) / parts
+            out.backward()
+        opt.step()
+"""
+
+
+def test_a_zero_grad_in_the_micro_batch_loop_before_the_step_is_found() -> None:
+    assert _pairs(WIPED_EACH_CHUNK) == [("TK103", 5)]
+    (finding,) = lint_source(textwrap.dedent(WIPED_EACH_CHUNK))
+    assert "micro-batch loop (line 4)" in finding.message and "step (line 8)" in finding.message
+    assert "before the loop on line 4" in finding.fix
+
+
+def test_the_model_s_zero_grad_and_a_while_loop_too() -> None:
+    assert _pairs(WIPED_EACH_CHUNK.replace("opt.zero_grad()", "net.zero_grad()")) == [("TK103", 5)]
+    src = """
+    def fit(net, batches, opt, crit, parts):
+        for a, b in batches:
+            k = 0
+            while k < parts:
+                out = crit(net(a[k]), b[k]) / parts
+                out.backward()
+                opt.zero_grad()
+                k += 1
+            opt.step()
+    """
+    assert _pairs(src) == [("TK103", 8)]
+
+
+def test_a_zero_grad_before_the_micro_batch_loop_or_under_a_condition_is_clean() -> None:
+    before = WIPED_EACH_CHUNK.replace("            opt.zero_grad()\n", "").replace(
+        "    for a, b in batches:\n", "    for a, b in batches:\n        opt.zero_grad()\n")
+    assert _pairs(before) == []
+    first = WIPED_EACH_CHUNK.replace("for sub_a, sub_b in zip(", "for k, (sub_a, sub_b) in enumerate(zip(").replace(
+        "b.chunk(parts)):", "b.chunk(parts))):").replace("opt.zero_grad()", "if k == 0:\n                opt.zero_grad()")
+    assert _pairs(first) == []
+
+
+def test_inner_loops_that_step_or_belong_to_another_optimizer_are_clean() -> None:
+    # a critic trained several times per generator step: its own loop, its own step
+    src = """
+    def fit(gen, critic, batches, opt_g, opt_c, rounds):
+        for a in batches:
+            for _ in range(rounds):
+                opt_c.zero_grad()
+                critic.loss(gen, a).backward()
+                opt_c.step()
+            opt_g.zero_grad()
+            gen.loss(critic, a).backward()
+            opt_g.step()
+    """
+    assert _pairs(src) == []
+    other = WIPED_EACH_CHUNK.replace("opt.zero_grad()", "opt_probe.zero_grad()")
+    assert _pairs(other) == []
+
+
+def test_gradients_collected_one_by_one_on_purpose_are_clean() -> None:
+    # gradient surgery over several task losses: each task's gradient is read, then combined
+    surgery = """
+    def fit(net, batches, opt, tasks, combine, write_grads):
+        for a in batches:
+            grads = []
+            for task in tasks:
+                opt.zero_grad()
+                task(net, a).backward(retain_graph=True)
+                grads.append([p.grad.clone() for p in net.parameters()])
+            write_grads(net, combine(grads))
+            opt.step()
+    """
+    assert _pairs(surgery) == []
+    # the combined gradient written back by a helper between the loop and the step
+    helper = """
+    def fit(net, batches, opt, tasks, surgery):
+        for a in batches:
+            for task in tasks:
+                opt.zero_grad()
+                task(net, a).backward()
+                surgery.store()
+            surgery.set_grads(net)
+            opt.step()
+    """
+    assert _pairs(helper) == []

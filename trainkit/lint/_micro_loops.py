@@ -1,0 +1,93 @@
+"""Micro-batch loops nested in the batch loop, with the optimizer step after them.
+
+nanoGPT's ``for micro_step in range(gradient_accumulation_steps): ... loss.backward()``
+followed by ``optimizer.step()`` accumulates too: the inner loop's backwards add up into
+the one step after it. A ``zero_grad()`` run at every iteration of that inner loop wipes what
+the earlier iterations added, so the step sees one iteration's gradient (TK103).
+
+Left alone, since their inner loops may mean to collect gradients one by one: an inner loop
+that reads ``.grad`` or calls anything else about gradients (``torch.autograd.grad``,
+``get_grads()``), a backward with ``retain_graph`` (gradient surgery over several task losses,
+as PCGrad does), or a call about gradients between the inner loop and the step (writing the
+combined gradient back). An inner loop that steps itself is a training loop of its own.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Iterator, Optional, Tuple
+
+from trainkit.lint._accumulating import stepped_optimizer
+from trainkit.lint._calls import calls_step_function
+from trainkit.lint._core import FileContext, TrainingLoop
+from trainkit.lint._nodes import dotted, method_name, pos, receiver
+
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+# Calls about gradients that do not collect them: zeroing and clipping.
+_PLAIN = frozenset({"zero_grad", "clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "no_grad", "enable_grad",
+                    "set_grad_enabled", "requires_grad_"})
+
+
+@dataclass(frozen=True)
+class MicroLoop:
+    """A loop over micro-batches inside a batch loop, and the step after it that sums its backwards."""
+
+    outer: TrainingLoop
+    inner: TrainingLoop
+    step: ast.Call
+    optimizer: Optional[str]
+
+
+def _about_grads(node: ast.AST) -> bool:
+    """``p.grad``, ``torch.autograd.grad(...)``, ``get_grads()``, ``backward(retain_graph=True)``."""
+    if isinstance(node, ast.Attribute) and node.attr in ("grad", "grads"):
+        return True
+    if isinstance(node, ast.Call):
+        if any(k.arg == "retain_graph" for k in node.keywords):
+            return True
+        name = method_name(node) or dotted(node.func) or ""
+        name = name.split(".")[-1]
+        return "grad" in name.lower() and name not in _PLAIN
+    return False
+
+
+def _directly_in(ctx: FileContext, inner: ast.AST, outer: ast.AST) -> bool:
+    """Whether loop ``inner`` runs in ``outer``'s own iteration (no loop or function between them)."""
+    for parent in ctx.ancestors(inner):
+        if parent is outer:
+            return True
+        if isinstance(parent, _LOOPS + _SCOPES):
+            return False
+    return False
+
+
+def micro_loops(ctx: FileContext) -> Iterator[MicroLoop]:
+    """Each inner loop that runs backward, never steps, and is followed by the outer loop's step."""
+    for inner in ctx.training_loops:
+        if inner.step_calls or any(calls_step_function(c, ctx.step_functions) for c in inner.calls):
+            continue
+        if any(_about_grads(n) for n in inner.region):
+            continue
+        outer = next((o for o in ctx.training_loops if o is not inner and _directly_in(ctx, inner.node, o.node)), None)
+        if outer is None:
+            continue
+        end = (inner.node.end_lineno or inner.node.lineno, 1 << 30)
+        step = next((s for s in outer.step_calls if pos(s) > end and not outer.exclusive(inner.node, s)), None)
+        if step is None:
+            continue
+        if any(end < pos(n) < pos(step) and _about_grads(n) for n in outer.region):
+            continue  # gradients combined by hand before the step
+        yield MicroLoop(outer, inner, step, stepped_optimizer(ctx, step))
+
+
+def micro_loop_wipes(ctx: FileContext) -> Iterator[Tuple[ast.Call, MicroLoop]]:
+    """``(zero_grad call, micro loop)`` for each ``zero_grad()`` at every iteration of a micro-batch loop."""
+    for micro in micro_loops(ctx):
+        for call in micro.inner.calls:
+            if method_name(call) != "zero_grad" or micro.inner.is_conditional(call):
+                continue
+            owner = receiver(call)
+            if ctx.is_optimizer(owner) and micro.optimizer is not None and owner != micro.optimizer:
+                continue  # another optimizer's gradients
+            yield call, micro
