@@ -97,7 +97,7 @@ class Recorder:
     def __init__(self, logdir: str, *, flush_secs: float,
                  completed: Callable[[], int],
                  sample: Optional[Callable[[bool], Dict[str, float]]] = None,
-                 sample_secs: float = 1.0) -> None:
+                 sample_secs: float = 1.0, resumed_at: Optional[int] = None) -> None:
         self.buf: Deque[Any] = collections.deque()
         #: Steps completed so far (the session counts them); later ones may still be recording.
         self.completed = completed
@@ -112,7 +112,7 @@ class Recorder:
         self._stop = False
         # perf_counter -> wall clock, for each step event's wall_time.
         self._wall0, self._perf0 = time.time(), timing.now()
-        self.writer = EventFileWriter(logdir)
+        self.writer = EventFileWriter(logdir, resumed_at=resumed_at)
         self.failed: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._run, name="trainkit-writer", daemon=True)
         self._thread.start()

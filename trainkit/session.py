@@ -10,7 +10,6 @@ with the previous handler so that the exit status is the one the process would h
 from __future__ import annotations
 
 import atexit
-import math
 import numbers
 import os
 import threading
@@ -19,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 from . import _compiled, _env, _signals, timing
 from ._logdir import check_logdir as _check_logdir, default_logdir as _default_logdir
 from ._logvalues import check_log_name, to_scalar
+from ._session_args import check_session_args
 from ._text import brief
 from .profiling.schedule import check_session_profile
 from .recorder import STEP_END, STEP_TIME, Recorder
@@ -45,22 +45,16 @@ class Session:
     """
 
     def __init__(self, logdir: Optional[Union[str, "os.PathLike[str]"]], *, profile: Any,
-                 log_every: int, flush_secs: float, system_metrics: bool) -> None:
+                 log_every: int, flush_secs: float, system_metrics: bool,
+                 steps_done: int = 0) -> None:
         with _start_lock:  # one session at a time, also when two threads start one at once
             self._start(logdir, profile=profile, log_every=log_every, flush_secs=flush_secs,
-                        system_metrics=system_metrics)
+                        system_metrics=system_metrics, steps_done=steps_done)
 
     def _start(self, logdir: Any, *, profile: Any, log_every: int, flush_secs: float,
-               system_metrics: bool) -> None:
-        if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
-            raise ValueError(f"session(log_every={log_every!r}): must be a positive int "
-                             f"(steps between writes), e.g. log_every=50")
-        if (isinstance(flush_secs, bool) or not isinstance(flush_secs, numbers.Real)
-                or not math.isfinite(flush_secs) or flush_secs <= 0):
-            raise ValueError(f"session(flush_secs={flush_secs!r}): must be a positive number of "
-                             f"seconds, e.g. flush_secs=2")
-        if not isinstance(system_metrics, bool):
-            raise TypeError(f"session(system_metrics={system_metrics!r}): must be True or False")
+               system_metrics: bool, steps_done: int) -> None:
+        check_session_args(log_every=log_every, flush_secs=flush_secs,
+                           system_metrics=system_metrics, steps_done=steps_done)
         self.profile = check_session_profile(profile)
         _check_none_active()
         from .switches import check_overrides
@@ -83,9 +77,10 @@ class Session:
             from .sinks.system import SystemSampler
 
             sampler = SystemSampler(self._completed)
-        self.step = 1  # the step in progress; records are filed under it
-        self._recorder = Recorder(self.logdir, flush_secs=flush_secs,
-                                  completed=self._completed, sample=sampler)
+        steps_done = int(steps_done)  # a numpy integer too
+        self.step = steps_done + 1  # the step in progress; records are filed under it
+        self._recorder = Recorder(self.logdir, flush_secs=flush_secs, completed=self._completed,
+                                  sample=sampler, resumed_at=self.step if steps_done else None)
         self._buf = self._recorder.buf
         self._log_every = log_every
         self._wake = self._recorder.wake
@@ -220,6 +215,12 @@ class Session:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def steps_done(self) -> int:
+        """The optimizer steps done so far, those of ``session(steps_done=...)`` included: the
+        step count to save in a checkpoint, to resume with ``tk.session(logdir, steps_done=n)``."""
+        return self.step - 1
 
     def __enter__(self) -> "Session":
         if self._closed:
@@ -369,7 +370,8 @@ def _close_active() -> None:
 
 
 def session(logdir: Optional[Union[str, "os.PathLike[str]"]] = None, *, profile: Any = None,
-            log_every: int = 1000, flush_secs: float = 2.0, system_metrics: bool = True) -> Session:
+            log_every: int = 1000, flush_secs: float = 2.0, system_metrics: bool = True,
+            steps_done: int = 0) -> Session:
     """Start recording into ``logdir`` (TensorBoard layout; created if missing).
 
     Args:
@@ -379,12 +381,20 @@ def session(logdir: Optional[Union[str, "os.PathLike[str]"]] = None, *, profile:
         log_every: wake the writer every this many steps (it also wakes every ``flush_secs``).
         flush_secs: at most this many seconds of records are lost if the process is SIGKILLed.
         system_metrics: sample CPU load, RSS and peak memory (off the hot path).
+        steps_done: optimizer steps the run did before this session: for a run resumed from a
+            checkpoint, the step count saved in it. Steps are numbered on from there, into the
+            same ``logdir``: TensorBoard (and ``trainkit analyze``) show one run, and the steps
+            after the checkpoint that the stopped session had recorded are dropped from view.
 
     Example::
 
         with tk.session(logdir="runs/exp1") as s:
             tk.patch(optimizer)
             ...
+
+        # resumed: one run in TensorBoard, from the checkpoint's step on
+        with tk.session(logdir="runs/exp1", steps_done=checkpoint["step"]) as s:
+            ...
     """
     return Session(logdir, profile=profile, log_every=log_every, flush_secs=flush_secs,
-                   system_metrics=system_metrics)
+                   system_metrics=system_metrics, steps_done=steps_done)

@@ -89,3 +89,25 @@ def test_tensorboard_shows_the_latest_session_and_trainkit_analyzes_it(tmp_path)
     rep = TabData(str(root)).report("exp")
     assert [f["code"] for f in rep["findings"]] == ["TA111"] and latest in rep["findings"][0]["evidence"]
     assert rep["steps"] == len(new) - 1  # the latest session's timed steps (its first left out)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_tensorboard_shows_a_resumed_run_as_one_and_trainkit_reads_it_the_same(tmp_path):
+    """14 steps, then resumed from a checkpoint of step 9 (steps_done=9): both of TensorBoard's
+    loaders show steps 1-9 of the first session and 10-15 of the resumed one, as trainkit does."""
+    from trainkit.profiling.runs import load_run
+
+    root = tmp_path / "logs"
+    logdir = str(root / "exp")
+    train(logdir, steps=14)
+    time.sleep(1.01 - time.time() % 1)
+    train(logdir, steps=6, steps_done=9)
+    run = load_run(str(root), logdir)
+    want = run.scalars[TAG]
+    assert [s for s, _ in want] == list(range(1, 16)) and run.hidden == ()
+    for load_fast in ("true", "false"):
+        with tensorboard(root, tmp_path, load_fast) as server:
+            same(points(*server, want=want), want)
+    rep = TabData(str(root)).report("exp")
+    assert [f["code"] for f in rep["findings"]] == [] and rep["steps"] == len(want) - 1

@@ -13,7 +13,8 @@ FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 
 def train(logdir: str, *, steps: int = 12, profile: Any = None,
           model: Any = None, optimizer: Optional[Callable[[Any], Any]] = None,
-          each_step: Optional[Callable[[], None]] = None, loader: Any = None) -> None:
+          each_step: Optional[Callable[[], None]] = None, loader: Any = None,
+          steps_done: int = 0) -> None:
     """A tiny regression loop under a session; the keyword hooks plant the causes."""
     import torch
 
@@ -25,7 +26,7 @@ def train(logdir: str, *, steps: int = 12, profile: Any = None,
     opt = (optimizer or (lambda p: torch.optim.SGD(p, lr=0.01)))(model.parameters())
     if loader is None:
         loader = [(torch.randn(8, model.in_features), torch.randn(8, 1)) for _ in range(steps)]
-    with tk.session(logdir=logdir, profile=profile, system_metrics=False):
+    with tk.session(logdir=logdir, profile=profile, system_metrics=False, steps_done=steps_done):
         train_steps(model, opt, loader, loss_fn=torch.nn.functional.mse_loss, each_step=each_step)
 
 

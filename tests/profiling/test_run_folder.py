@@ -59,7 +59,8 @@ def test_a_rerun_into_the_same_folder_is_analyzed_for_its_latest_session(tmp_pat
     assert codes(found) == ["TA111"], found
     (f,) = found
     assert f.count == 2 and f.severity == "low" and f.share is None
-    assert f"the latest one's, {latest}" in f.evidence and "1 earlier one(s)" in f.evidence
+    assert f"the session(s) TensorBoard shows, {latest}" in f.evidence
+    assert "1 earlier one(s)" in f.evidence
     assert "tk.session(logdir='runs/exp2')" in f.fix
 
     # the same report as for a folder holding the latest session alone
@@ -100,6 +101,55 @@ def test_each_session_keeps_its_traces(tmp_path):
     rep = data.report(".")
     assert rep["traces"] == [new] and rep["earlier_traces"] == [old]
     assert data.trace_path(".", old) == os.path.join(logdir, old)  # still downloadable
+
+
+def test_a_run_resumed_with_steps_done_is_one_run(tmp_path, capsys):
+    """Stopped after 20 steps, resumed from its checkpoint of step 12 into the same folder: the
+    resumed session numbers its steps from 13, the stopped one's steps 13-20 leave the view
+    (TensorBoard's legacy reader drops them at the resumed file's SessionLog.START, as for
+    SummaryWriter(purge_step=13)), and the run is analyzed whole: no TA111."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logdir = str(tmp_path / "exp")
+    train(logdir, steps=20, profile=PROFILE)
+    next_second()
+    train(logdir, steps=8, steps_done=12, profile=PROFILE)
+    stopped, resumed = event_files(logdir)
+    assert [s for s, _ in runs.read_scalars(logdir, [resumed])["trainkit/step_time_ms"]] \
+        == list(range(13, 21))
+    run = runs.load_run(logdir, logdir)
+    assert run.sessions == (stopped, resumed) and run.hidden == () and run.started is None
+    assert len(run.traces) == 2 and not run.earlier_traces  # each session's trace is the run's
+    tag = "trainkit/step_time_ms"
+    assert [s for s, _ in run.scalars[tag]] == list(range(1, 21))
+    kept = dict(runs.read_scalars(logdir, [stopped])[tag][:12])
+    kept.update(runs.read_scalars(logdir, [resumed])[tag])
+    assert run.scalars[tag] == sorted(kept.items())
+    legacy = EventAccumulator(logdir)
+    legacy.Reload()
+    assert [(e.step, pytest.approx(e.value)) for e in legacy.Scalars(tag)] == run.scalars[tag]
+    assert "TA111" not in codes(tk.analyze(logdir))
+    assert analyze_run(logdir, logdir).steps == 19  # 20 timed steps, the first left out
+    assert main([logdir]) == 0, capsys.readouterr().out
+
+
+def test_a_rerun_hides_the_sessions_before_it_and_a_resume_after_it_continues_it(tmp_path):
+    """Three sessions: 20 steps; a rerun from step 1 (10 steps), which hides the first; that
+    rerun resumed at its step 6. The run is the rerun's steps 1-6 and the resumed 7-14."""
+    logdir = str(tmp_path / "exp")
+    train(logdir, steps=20)
+    next_second()
+    train(logdir, steps=10, each_step=gc.collect)
+    next_second()
+    train(logdir, steps=8, steps_done=6)
+    first, rerun, resumed = event_files(logdir)
+    run = runs.load_run(logdir, logdir)
+    assert run.hidden == (first,) and run.started is not None
+    assert [s for s, _ in run.scalars["trainkit/step_time_ms"]] == list(range(1, 15))
+    (f,) = [f for f in tk.analyze(logdir) if f.code == "TA111"]
+    assert f"TensorBoard shows, {rerun}, {resumed}" in f.evidence and "1 earlier" in f.evidence
+    assert "steps_done=" in f.fix
+    assert "TA106" in codes(tk.analyze(logdir))  # the rerun's gc.collect() steps are shown
 
 
 def test_one_session_per_folder_is_unchanged(tmp_path):

@@ -7,8 +7,12 @@ A script run again with the same logdir puts a second session into the folder: e
 writes its own event file, with steps from 1 again. TensorBoard reads a run's files in name order
 (the name starts with the file's creation time); its default loader (the Rust data server) drops,
 at each point whose step does not increase, the points from that step on, so its Scalars tab
-shows the latest session (``--load_fast=false`` draws them one after the other). A run is read
-the same way: the latest session's records, and the traces written since it started.
+shows the latest session (``--load_fast=false`` draws them one after the other). A session
+resumed from a checkpoint (``tk.session(..., steps_done=N)``) numbers its steps on from N + 1:
+TensorBoard shows the sessions before it as one run with it, less their steps after N. A run is
+read the same way: each session from its first step on drops the earlier sessions' points from
+that step on; a session with no point left is hidden (a rerun), and the traces written before
+the first session shown are left out with it.
 """
 from __future__ import annotations
 
@@ -38,16 +42,20 @@ class Run:
 
     name: str
     path: str
-    #: the latest session's scalars (a folder with several: see ``sessions``)
+    #: the scalars of the sessions shown (a folder with several: see ``sessions``)
     scalars: Dict[str, List[Tuple[int, float]]]
-    #: the traces of the latest session (every trace, when the folder holds one session or none)
+    #: the traces of the sessions shown (every trace, when the folder holds one session or none)
     traces: Tuple[str, ...]
     #: the event files holding trainkit records, one per session, oldest first
     sessions: Tuple[str, ...] = ()
-    #: when the latest session started (its first event's wall time), read with several sessions
+    #: when the first session shown started (its first event's wall time), read when a session
+    #: is hidden
     started: Optional[float] = None
-    #: the traces written before the latest session started, left out of its analysis
+    #: the traces written before the first session shown started, left out of its analysis
     earlier_traces: Tuple[str, ...] = ()
+    #: the sessions a later one hides: it started again at or before their first step (a rerun
+    #: into the same folder), so no point of theirs is shown or analyzed
+    hidden: Tuple[str, ...] = ()
 
     def values(self, tag: str) -> Dict[int, float]:
         """``step -> value`` of one tag (the last value written for a step wins)."""
@@ -221,22 +229,51 @@ def trace_time(path: str) -> float:
 def load_run(logdir: str, folder: str) -> Run:
     """The run in ``folder`` (a folder :func:`find_runs` returned for ``logdir``).
 
-    With several sessions in the folder, the latest one's records and traces (see the module's
-    docstring); the earlier ones are named in ``sessions`` and ``earlier_traces``.
+    With several sessions in the folder, the records and traces of those TensorBoard shows (see
+    the module's docstring); the others are named in ``hidden`` and ``earlier_traces``.
     """
     name = os.path.relpath(folder, logdir)
     files = sorted(os.listdir(folder))  # TensorBoard's order: by name, which starts with the time
     traces = [os.path.join(folder, f) for f in files if is_trace(f)]
     sessions = tuple(f for f in files
                      if EVENTS_MARK in f and _holds_trainkit_tag(os.path.join(folder, f)))
-    latest = list(sessions[-1:])
-    started = session_start(os.path.join(folder, latest[0])) if len(sessions) > 1 else None
+    if len(sessions) < 2:
+        return Run(name=name, path=folder, scalars=read_scalars(folder, list(sessions)),
+                   traces=tuple(traces), sessions=sessions)
+    scalars, shown = _merge_sessions([(f, read_scalars(folder, [f])) for f in sessions])
+    hidden = tuple(f for f in sessions if f not in shown)
+    started = session_start(os.path.join(folder, shown[0])) if hidden and shown else None
     earlier: List[str] = []
     if started is not None:
         earlier = [t for t in traces if trace_time(t) < started]
         traces = [t for t in traces if t not in earlier]
-    return Run(name=name, path=folder, scalars=read_scalars(folder, latest), traces=tuple(traces),
-               sessions=sessions, started=started, earlier_traces=tuple(earlier))
+    return Run(name=name, path=folder, scalars=scalars, traces=tuple(traces), sessions=sessions,
+               started=started, earlier_traces=tuple(earlier), hidden=hidden)
+
+
+def _merge_sessions(read: List[Tuple[str, Dict[str, List[Tuple[int, float]]]]]
+                    ) -> Tuple[Dict[str, List[Tuple[int, float]]], List[str]]:
+    """The sessions' scalars as TensorBoard shows them, and the sessions shown (oldest first).
+
+    Each session, from its first step on (a rerun: 1; a resumed one: its ``steps_done`` + 1),
+    drops what the sessions before it recorded from that step on, every tag alike.
+    """
+    firsts = [min((p[0] for points in got.values() for p in points), default=None)
+              for _, got in read]
+    out: Dict[str, List[Tuple[int, float]]] = {}
+    shown = []
+    for i, (name, got) in enumerate(read):
+        later = [f for f in firsts[i + 1:] if f is not None]
+        until = min(later) if later else None  # from this step on, a later session holds it
+        kept = False
+        for tag, points in got.items():
+            points = points if until is None else [p for p in points if p[0] < until]
+            if points:
+                out.setdefault(tag, []).extend(points)
+                kept = True
+        if kept:
+            shown.append(name)
+    return out, shown
 
 
 class TraceError(ValueError):

@@ -130,7 +130,8 @@ class EventFileWriter:
         w.flush(); w.close()
     """
 
-    def __init__(self, logdir: str, *, filename_suffix: str = "") -> None:
+    def __init__(self, logdir: str, *, filename_suffix: str = "",
+                 resumed_at: Optional[int] = None) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2
 
         self._event_pb2 = event_pb2
@@ -141,6 +142,16 @@ class EventFileWriter:
         self.path = os.path.join(logdir, name)
         self._file: Optional[IO[bytes]] = open(self.path, "ab")
         self._write_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+        if resumed_at is not None:
+            # A run resumed at this step: what earlier files hold from it on is orphaned.
+            # TensorBoard's data server drops it at the first step written again; its legacy
+            # loader (and EventAccumulator) at a SessionLog.START, but the legacy loader takes a
+            # run's first START for its beginning, and only the next one as a restart: two here,
+            # at the same step, so that it drops the same steps whichever it is.
+            start = event_pb2.Event(wall_time=time.time(), step=resumed_at, session_log=(
+                event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+            self._write_event(start)
+            self._write_event(start)
         self.flush()
 
     def _write_event(self, event: Any) -> None:

@@ -196,29 +196,32 @@ def no_steps(run: Run) -> Finding:
 
 
 def several_sessions(run: Run) -> Optional[Finding]:
-    """TA111: more than one session wrote into the run's folder; only the latest is analyzed.
+    """TA111: a session wrote into the run's folder again from step 1 (or from before the first
+    step of another): TensorBoard shows only the later one, and so only it is analyzed.
 
-    Each session writes its own event file and counts steps from 1, so the sessions' steps
-    cannot be told apart once mixed; TensorBoard's Scalars tab shows the latest one too.
+    A session resumed with ``tk.session(..., steps_done=N)`` continues the run: no finding.
     """
-    n = len(run.sessions)
-    if n < 2:
+    if not run.hidden:
         return None
+    n, shown = len(run.hidden), [f for f in run.sessions if f not in run.hidden]
     when = ("" if run.started is None else " started "
             + datetime.datetime.fromtimestamp(run.started).strftime("%Y-%m-%d %H:%M:%S"))
     traces = f" and {len(run.traces)} trace(s)" if run.traces else ""
     left = f" and {len(run.earlier_traces)} trace(s)" if run.earlier_traces else ""
     return Finding(
         code="TA111", title="several sessions in one run folder",
-        evidence=f"{n} sessions wrote into {run.path!r} (a script run again with the same logdir: "
-                 f"each writes its own event file and counts steps from 1): these findings are "
-                 f"the latest one's, {run.sessions[-1]}{when}{traces}; the {n - 1} earlier "
-                 f"one(s){left} are left out. TensorBoard's Scalars tab shows the latest one too "
-                 f"(with --load_fast=false, all of them one after the other)",
-        share=None, count=n,
+        evidence=f"{len(run.sessions)} sessions wrote into {run.path!r}, and a later one counted "
+                 f"its steps from 1 again (a script run again with the same logdir): these "
+                 f"findings are of the session(s) TensorBoard shows, {', '.join(shown)}{when}"
+                 f"{traces}; the {n} earlier one(s){left} are left out, as TensorBoard's Scalars "
+                 f"tab leaves them out (with --load_fast=false, it draws all of them one after "
+                 f"the other)",
+        share=None, count=len(run.sessions),
         fix="give each run its own folder: tk.session(logdir='runs/exp2'), or tk.session() "
-            "for a new dated one under runs/; to compare with an earlier session, move its "
-            "event file (and its traces) into a folder of its own beside this one",
+            "for a new dated one under runs/; a run resumed from a checkpoint goes on in the "
+            "same folder with tk.session(logdir, steps_done=<the checkpoint's step count>); to "
+            "compare with an earlier session, move its event file (and its traces) into a "
+            "folder of its own beside this one",
         severity="low", run=run.name)
 
 

@@ -1,0 +1,27 @@
+"""The checks of ``tk.session``'s arguments, made before anything starts: each error repeats the
+value and shows the fix."""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+
+def check_session_args(*, log_every: Any, flush_secs: Any, system_metrics: Any,
+                       steps_done: Any) -> None:
+    """Raises ValueError or TypeError for an argument of ``tk.session`` that cannot be used."""
+    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+        raise ValueError(f"session(log_every={log_every!r}): must be a positive int "
+                         f"(steps between writes), e.g. log_every=50")
+    if (isinstance(flush_secs, bool) or not isinstance(flush_secs, numbers.Real)
+            or not math.isfinite(flush_secs) or flush_secs <= 0):
+        raise ValueError(f"session(flush_secs={flush_secs!r}): must be a positive number of "
+                         f"seconds, e.g. flush_secs=2")
+    if not isinstance(system_metrics, bool):
+        raise TypeError(f"session(system_metrics={system_metrics!r}): must be True or False")
+    if isinstance(steps_done, bool) or not isinstance(steps_done, numbers.Integral) \
+            or steps_done < 0:
+        raise ValueError(f"session(steps_done={steps_done!r}): must be the number of optimizer "
+                         f"steps done before this session, an int >= 0: 0 for a new run, or for "
+                         f"a run resumed from a checkpoint the step count saved in it, e.g. "
+                         f"steps_done=checkpoint['step']")
