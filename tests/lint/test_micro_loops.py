@@ -104,3 +104,43 @@ def test_gradients_collected_one_by_one_on_purpose_are_clean() -> None:
             opt.step()
     """
     assert _pairs(helper) == []
+
+
+# --------------------------------------------------------------------------- TK102
+
+MICRO_STEPS = """
+def fit(net, next_batch, opt, accum_micro, total):
+    for it in range(total):
+        for micro in range(accum_micro):
+            a, b = next_batch()
+            out = net(a, b)
+            out.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+"""
+
+
+def test_an_undivided_loss_in_a_loop_named_for_micro_batches_is_found() -> None:
+    assert _pairs(MICRO_STEPS) == [("TK102", 7)]
+    (finding,) = lint_source(textwrap.dedent(MICRO_STEPS))
+    assert "the update is `accum_micro` times too large" in finding.message
+    assert finding.fix.startswith("`out = out / accum_micro` before backward")
+    chunks = """
+    def fit(net, batches, opt, crit, k):
+        for a, b in batches:
+            for sub_a, sub_b in zip(a.chunk(k), b.chunk(k)):
+                crit(net(sub_a), sub_b).backward()
+            opt.step()
+            opt.zero_grad()
+    """
+    assert _pairs(chunks) == [("TK102", 5)]
+
+
+def test_a_divided_loss_or_a_loop_over_task_losses_is_clean() -> None:
+    assert _pairs(MICRO_STEPS.replace("out = net(a, b)", "out = net(a, b) / accum_micro")) == []
+    # several heads' losses meant to add up: nothing says micro-batch
+    tasks = MICRO_STEPS.replace("for micro in range(accum_micro):", "for head in net.heads:")
+    assert _pairs(tasks) == []
+    # with a wiping zero_grad inside, TK103 comes first (dividing alone would not help)
+    wiped = MICRO_STEPS.replace("a, b = next_batch()", "opt.zero_grad()\n            a, b = next_batch()")
+    assert _pairs(wiped) == [("TK103", 5)]

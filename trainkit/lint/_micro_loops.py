@@ -3,7 +3,10 @@
 nanoGPT's ``for micro_step in range(gradient_accumulation_steps): ... loss.backward()``
 followed by ``optimizer.step()`` accumulates too: the inner loop's backwards add up into
 the one step after it. A ``zero_grad()`` run at every iteration of that inner loop wipes what
-the earlier iterations added, so the step sees one iteration's gradient (TK103).
+the earlier iterations added, so the step sees one iteration's gradient (TK103). A loss never
+divided there makes the update the sum of the micro-batches' gradients (TK102), reported only when
+the inner loop says it goes over micro-batches (``micro``, ``accum``, ``chunk``): a loop over
+several task losses may mean them to add up.
 
 Left alone, since their inner loops may mean to collect gradients one by one: an inner loop
 that reads ``.grad`` or calls anything else about gradients (``torch.autograd.grad``,
@@ -14,13 +17,16 @@ combined gradient back). An inner loop that steps itself is a training loop of i
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from typing import Iterator, Optional, Tuple
 
 from trainkit.lint._accumulating import stepped_optimizer
 from trainkit.lint._calls import calls_step_function
 from trainkit.lint._core import FileContext, TrainingLoop
-from trainkit.lint._nodes import dotted, method_name, pos, receiver
+from trainkit.lint._loss import backward_operand, late_normalisation, loss_of, normalised_before
+from trainkit.lint._nodes import dotted, method_name, names_in, pos, receiver
+from trainkit.lint._registry import Hit
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
@@ -91,3 +97,60 @@ def micro_loop_wipes(ctx: FileContext) -> Iterator[Tuple[ast.Call, MicroLoop]]:
             if ctx.is_optimizer(owner) and micro.optimizer is not None and owner != micro.optimizer:
                 continue  # another optimizer's gradients
             yield call, micro
+
+
+def wipe_hits(ctx: FileContext) -> Iterator[Hit]:
+    """TK103's findings in micro-batch loops."""
+    for call, micro in micro_loop_wipes(ctx):
+        line = micro.inner.node.lineno
+        yield Hit(
+            call,
+            f"`{ast.unparse(call)}` runs at every iteration of the micro-batch loop (line {line}) but the step "
+            f"(line {micro.step.lineno}) runs once after it: the gradients of the earlier iterations are wiped, "
+            "only the last one's reach the step",
+            f"move `{ast.unparse(call)}` before the loop on line {line} (or right after the step)",
+        )
+
+
+# An inner loop that says it goes over micro-batches: `for micro_step in range(grad_accum_steps)`, `x.chunk(k)`.
+_MICRO_RE = re.compile(r"micro|accum|chunk", re.IGNORECASE)
+
+
+def _count(loop: ast.AST) -> Optional[str]:
+    """How many iterations a micro-batch loop makes, as written: ``n`` of ``range(n)`` or ``x.chunk(n)``."""
+    it = getattr(loop, "iter", None)
+    if isinstance(it, ast.Call) and len(it.args) == 1 and not it.keywords:
+        if dotted(it.func) == "range" or method_name(it) == "chunk":
+            return ast.unparse(it.args[0])
+    return None
+
+
+def unnormalised_hits(ctx: FileContext) -> Iterator[Hit]:
+    """TK102's findings in micro-batch loops: named as such (the target or what it iterates over says
+    ``micro``, ``accum`` or ``chunk``; a loop over task losses may mean them to add up), with a
+    backward whose loss is never divided, and no wiping ``zero_grad()`` (TK103's finding first)."""
+    wiped = {id(micro.inner) for _, micro in micro_loop_wipes(ctx)}
+    for micro in micro_loops(ctx):
+        inner = micro.inner
+        if id(inner) in wiped or not isinstance(inner.node, (ast.For, ast.AsyncFor)):
+            continue
+        if not any(_MICRO_RE.search(n) for n in names_in(inner.node.target)) and not any(
+                _MICRO_RE.search(n) for n in names_in(inner.node.iter)):
+            continue
+        count = _count(inner.node)
+        for call in inner.backward_calls:
+            name = loss_of(inner, call)
+            if normalised_before(inner, call, name) or late_normalisation(inner, call, name) is not None:
+                continue
+            shown = name or ast.unparse(backward_operand(call) or call)
+            times = f"`{count}` times too large" if count else "`k` times too large with `k` micro-batches"
+            by = f"`{shown} = {shown} / {count}` before backward" if count else (
+                f"`{shown} = {shown} / k` before backward, `k` the number of micro-batches")
+            yield Hit(
+                call,
+                f"`{ast.unparse(call)}` runs at every iteration of the micro-batch loop (line {inner.node.lineno}), "
+                f"whose gradients add up into the step (line {micro.step.lineno}), but `{shown}` is never divided: "
+                f"the update is {times}",
+                f"{by}; or `with tk.accumulate(n, optimizer):`, which divides by the micro-batches actually in "
+                "each window",
+            )

@@ -13,7 +13,7 @@ from typing import Iterator, Optional
 from trainkit.lint._accumulating import (Accumulation, accumulating_loops, runs_with, stepped_by_another,
                                          tk_accumulate_with)
 from trainkit.lint._core import FileContext, TrainingLoop
-from trainkit.lint._micro_loops import micro_loop_wipes
+from trainkit.lint._micro_loops import unnormalised_hits, wipe_hits
 from trainkit.lint._nodes import dotted, method_name, pos, receiver
 from trainkit.lint._loss import (backward_operand, divisor, late_normalisation, loss_of, normalisations_before,
                                  normalised_before)
@@ -80,6 +80,7 @@ def check_unnormalised_accumulation(ctx: FileContext) -> Iterator[Hit]:
                 f"fix both together: `{shown} = {shown} / {every}` before backward and `{ast.unparse(wipe)}` "
                 f"{under} (dividing alone makes the update `{every}` times too small); {_TK_ACCUMULATE}",
             )
+    yield from unnormalised_hits(ctx)  # `for micro_step in range(accum): loss.backward()`, then the step
 
 
 def _wiping_zero_grads(ctx: FileContext, acc: Accumulation) -> Iterator[ast.Call]:
@@ -110,14 +111,7 @@ def check_zero_grad_every_micro_batch(ctx: FileContext) -> Iterator[Hit]:
                 f"move `{ast.unparse(call)}` {acc.place('under the same `if` as the step')}, right after it; "
                 f"{_TK_ACCUMULATE}",
             )
-    for call, micro in micro_loop_wipes(ctx):  # `for micro in chunks: zero_grad(); backward()`, then the step
-        yield Hit(
-            call,
-            f"`{ast.unparse(call)}` runs at every iteration of the micro-batch loop (line {micro.inner.node.lineno}) "
-            f"but the step (line {micro.step.lineno}) runs once after it: the gradients of the earlier "
-            "iterations are wiped, only the last one's reach the step",
-            f"move `{ast.unparse(call)}` before the loop on line {micro.inner.node.lineno} (or right after the step)",
-        )
+    yield from wipe_hits(ctx)  # `for micro in chunks: zero_grad(); backward()`, then the step
 
 
 _CLIPS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_")
