@@ -55,6 +55,10 @@ class PatchedLoader:
         # on a batch from one left after it (see _left_unused).
         handed = 0.0
         quickest = _INF
+        # A pass run in the body of another's (a validation inside the training loop): at its
+        # end the enclosing batch gets its step back, for what the body logs after it.
+        s = _S._active
+        outer = None if s is None else (s, s._batch_step, s.step)
         # The first wait holds iter(): a DataLoader with workers starts them there, each epoch
         # without persistent_workers; the loop waits for that before its first batch.
         t0 = now()
@@ -78,7 +82,7 @@ class PatchedLoader:
                 if s is not None:
                     if s._batch_pending and mine == s.step:
                         s.end_batch_step(t0, ev0)
-                    s._batch_step = None  # what comes after the loop: the step in progress
+                    s._batch_step = _enclosing(outer, s)  # what comes after the loop
                 return
             t1 = now()
             s = _S._active
@@ -131,7 +135,7 @@ class PatchedLoader:
                         s._batch_pending = False
                         if n:
                             s._buf.append((BATCH_REC, mine, 0.0, 0.0, -n))
-                    s._batch_step = None
+                    s._batch_step = _enclosing(outer, s)
                 raise
             t0 = now()
 
@@ -145,6 +149,16 @@ class PatchedLoader:
 
     def __repr__(self) -> str:
         return f"trainkit.patch({self.source!r})"
+
+
+def _enclosing(outer: Any, s: Any) -> Any:
+    """The step of what comes after a pass (``_batch_step``): that of the batch in whose loop
+    body the pass ran, when no step ended since it began (a validation inside the training
+    loop: its values go with the training batch's, as with an unpatched validation loader);
+    else None, the step in progress (after an epoch's loop, or an inner loop that trained)."""
+    if outer is not None and outer[0] is s and outer[2] == s.step:
+        return outer[1]
+    return None
 
 
 _INF = float("inf")
@@ -175,8 +189,8 @@ def _left_unused(s: Any, t0: float, quick: bool) -> bool:
     is closed at the same ``yield``). What tells them apart:
 
     - a patched loader's pass ended since the batch was handed out (``_batch_step`` is None): a
-      loader zipped with this one ran out, and zip's unpaired batch fed no body (an empty loop
-      nested in the body looks the same; rare);
+      loader zipped with this one ran out, and zip's unpaired batch fed no body (a pass nested
+      in the body gives the batch its step back at its end, see ``_enclosing``);
     - else nothing was recorded since (no region, ``s.log``, ``to_device`` copy), and the loop
       was left ``quick`` (sooner than half the quickest earlier body of the pass; always, for a
       pass's first batch): a break at the top, zip with a shorter plain iterable. The limit: a
