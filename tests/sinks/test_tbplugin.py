@@ -92,6 +92,20 @@ def test_the_tab_is_inactive_without_trainkit_runs(tmp_path):
     assert not TrainkitPlugin(base_plugin.TBContext(logdir=str(tmp_path))).is_active()
 
 
+def test_an_entry_point_listed_twice_gives_one_tab(tmp_path):
+    # Python 3.9's importlib.metadata lists trainkit's entry point once per sys.path entry that
+    # holds it (a checkout's root is there twice under `python -m tensorboard` run from it, with
+    # an editable install): TensorBoard refused to start ("Duplicate plugins for name trainkit").
+    import argparse
+
+    from tensorboard.backend import application
+
+    from trainkit.sinks.tbplugin import TrainkitPluginLoader
+
+    flags = argparse.Namespace(path_prefix="", logdir=str(tmp_path), samples_per_plugin={}, window_title="")
+    app = application.TensorBoardWSGIApp(flags, [TrainkitPluginLoader, TrainkitPluginLoader], None, None, None)
+    assert [p.plugin_name for p in app._plugins] == ["trainkit"]
+
 def test_an_ablation_file_is_shown(tmp_path):
     shutil.copy(os.path.join(FIXTURES, "gpu_healthy.pt.trace.json"), tmp_path)
     rows = [{"technique": "amp", "verdict": "helped", "ratio": 0.71}]

@@ -14,7 +14,7 @@ import mimetypes
 import os
 import unicodedata
 import urllib.parse
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
 from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
@@ -136,5 +136,11 @@ class TrainkitPluginLoader(base_plugin.TBLoader):
         program.TensorBoard(plugins=default.get_plugins() + [TrainkitPluginLoader()])
     """
 
-    def load(self, context: Any) -> TrainkitPlugin:
+    def load(self, context: Any) -> Optional[TrainkitPlugin]:
+        # None (TensorBoard skips it) where the tab is loaded already: Python 3.9's
+        # importlib.metadata lists an entry point once per sys.path entry that holds trainkit
+        # (a checkout's root, on the path as the current folder and as an editable install),
+        # and TensorBoard refused to start ("Duplicate plugins for name trainkit").
+        if PLUGIN_NAME in (getattr(context, "plugin_name_to_instance", None) or {}):
+            return None
         return TrainkitPlugin(context)
