@@ -173,3 +173,21 @@ def test_equal_and_not_equal_are_one_test_negated() -> None:
             opt.step()
     """
     assert _pairs(src) == []
+
+
+def test_a_plain_exit_taken_on_the_multiples_is_no_accumulation_either() -> None:
+    # `continue` here once made the step look every-`every` (TK102); `break` must not start to
+    src = """
+    def fit(net, batches, opt, crit, every, evaluate, target):
+        for j, (a, b) in enumerate(batches):
+            crit(net(a), b).backward()
+            if j % every == 0 and evaluate(net) > target:
+                EXIT
+            opt.step()
+            opt.zero_grad()
+    """
+    for exit_ in ("continue", "break", "return"):
+        assert _pairs(src.replace("EXIT", exit_)) == [], exit_
+    # the same test negated is an exit on the other batches: the step runs every `every`
+    assert _pairs(src.replace("j % every == 0 and", "(j + 1) % every != 0 or not").replace("EXIT", "continue")) == [
+        ("TK102", 4)]

@@ -102,18 +102,23 @@ class Branching:
     def _exits_before(self) -> Dict[ast.AST, List[Exit]]:
         """Statement -> the early exits on a ``%`` test before it in its block, nearest first.
 
-        A nested exit counts when it is taken where the ``%`` test says "not a multiple"
-        (``if warm: if i % n != 0: continue``), so the rest runs only on the multiples; not
-        ``if step % eval_every == 0: if done: break``, after which the rest runs on nearly every batch.
+        An exit counts when it may be taken where the ``%`` test says "not a multiple"
+        (``if i % n != 0: continue``, ``if warm: if i % n != 0: continue``), so the rest runs on
+        the multiples; not ``if step % eval_every == 0 and done: break``, after which the rest
+        runs on nearly every batch.
         """
         out: Dict[ast.AST, List[Exit]] = {}
         for stmt, exits in self._all_exits.items():
-            kept = [(owner, side) for owner, side in exits if self.guard_modulo(owner) is not None
-                    # a stand-in for a nested exit must leave the multiples only
-                    and (not self.stand_in(owner) or leaves_rare(self.resolved(owner.test)))]
+            kept = [(owner, side) for owner, side in exits
+                    if self.guard_modulo(owner) is not None and leaves_rare(self._exit_test(owner, side))]
             if kept:
                 out[stmt] = kept
         return out
+
+    def _exit_test(self, owner: ast.If, side: str) -> ast.expr:
+        """When early exit ``owner`` is taken (its test, or its negation for ``if c: ... else: continue``)."""
+        test = self.resolved(owner.test)
+        return test if side == "orelse" else ast.UnaryOp(op=ast.Not(), operand=test)
 
     def stand_in(self, guard: ast.AST) -> bool:
         """Whether ``guard`` is the ``if <condition>: continue`` standing in for a nested early exit."""

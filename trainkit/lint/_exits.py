@@ -9,7 +9,7 @@ the statement's own tests (``warm and (i + 1) % n != 0``), so the code that read
 
 :func:`leaves_rare` says whether the rest of the block then runs only on the batches a ``%``
 test picks out (the exit is taken on the others): ``if warm: if i % n != 0: continue`` does,
-``if step % eval_every == 0: if done: break`` does not (the rest runs on nearly every batch).
+``if step % eval_every == 0 and done: break`` does not (the rest runs on nearly every batch).
 :func:`polarity` reads ``if x:`` and ``if not x:`` (``==`` and ``!=``) as one test, negated.
 """
 from __future__ import annotations
@@ -96,21 +96,30 @@ def synthetic_exit(stmt: ast.If, cond: ast.expr) -> ast.If:
     return ast.copy_location(exit_if, stmt)
 
 
-def leaves_rare(cond: ast.expr, positive: bool = True) -> bool:
-    """Whether exit condition ``cond`` is taken when a ``%`` test says "not a multiple":
-    ``i % n != 0``, ``not i % n == 0``, a bare ``i % n``, anywhere in it (``warm and i % n != 0``).
-    """
+def _multiples_only(cond: ast.expr, positive: bool, found: List[bool]) -> None:
+    """Append, for each ``%`` test in ``cond``, whether it holds only on the multiples there."""
     if isinstance(cond, ast.UnaryOp) and isinstance(cond.op, ast.Not):
-        return leaves_rare(cond.operand, not positive)
-    if isinstance(cond, ast.BoolOp):
-        return any(leaves_rare(v, positive) for v in cond.values)
-    if isinstance(cond, ast.BinOp) and isinstance(cond.op, ast.Mod):
-        return positive
-    if isinstance(cond, ast.Compare) and len(cond.ops) == 1:
-        sides = [cond.left, cond.comparators[0]]
-        if any(isinstance(s, ast.BinOp) and isinstance(s.op, ast.Mod) for s in sides):
-            return isinstance(cond.ops[0], ast.NotEq if positive else ast.Eq)
-    return False
+        _multiples_only(cond.operand, not positive, found)
+    elif isinstance(cond, ast.BoolOp):
+        for value in cond.values:
+            _multiples_only(value, positive, found)
+    elif isinstance(cond, ast.BinOp) and isinstance(cond.op, ast.Mod):
+        found.append(not positive)  # `i % n` true: not a multiple
+    elif isinstance(cond, ast.Compare) and len(cond.ops) == 1 and any(
+            isinstance(s, ast.BinOp) and isinstance(s.op, ast.Mod) for s in (cond.left, cond.comparators[0])):
+        op = cond.ops[0]
+        found.append(isinstance(op, ast.Eq) if positive else isinstance(op, ast.NotEq))
+
+
+def leaves_rare(cond: ast.expr) -> bool:
+    """Whether exit condition ``cond`` may be taken where a ``%`` test says "not a multiple"
+    (``i % n != 0``, ``not i % n == 0``, a bare ``i % n``, ``warm and i % n != 0``), so the rest
+    of the block runs on the multiples; not when every ``%`` test in it holds only on the
+    multiples (``step % eval_every == 0 and done``: the rest runs on nearly every batch).
+    """
+    found: List[bool] = []
+    _multiples_only(cond, True, found)
+    return not found or not all(found)
 
 
 def exit_side(stmt: ast.AST) -> Optional[str]:
