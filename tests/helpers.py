@@ -34,3 +34,15 @@ class SlowSGD(torch.optim.SGD):
     def step(self, closure=None):
         time.sleep(0.005)
         return super().step(closure)
+
+
+def fail_on_runtime_warnings() -> None:
+    """Inside ``warnings.catch_warnings()``: a RuntimeWarning (torch's recompile warning) fails.
+
+    All but torch's notice that its guards are slower on Python 3.13.0 (a CPython bug fixed in
+    3.13.1), given at the first compile: it says nothing about the code under test.
+    """
+    import warnings
+
+    warnings.simplefilter("error", RuntimeWarning)
+    warnings.filterwarnings("ignore", "Guards may run slower on Python 3.13.0", RuntimeWarning)

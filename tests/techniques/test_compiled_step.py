@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import trainkit as tk
+from tests.helpers import fail_on_runtime_warnings
 from trainkit.switches import overrides
 
 STEPS = 6
@@ -131,7 +132,7 @@ def test_switched_off_is_eager() -> None:
 
 def test_decorator_linear_lr_no_recompiles_and_tags(tmp_path: Any) -> None:
     with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)  # a recompile warning fails the test
+        fail_on_runtime_warnings()  # a recompile warning fails the test
         with tk.session(logdir=tmp_path, system_metrics=False):
             step = _assert_equal_to_eager("adam", "linear", "decorator")
     c = _compiled_of(step)
@@ -161,7 +162,7 @@ def test_hyper_parameters_restored_after_a_failing_step() -> None:
 @pytest.mark.parametrize("sched_name", sorted(SCHEDULERS))
 def test_no_recompiles_under_scheduler_adam(sched_name: str, tmp_path: Any) -> None:
     with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)
+        fail_on_runtime_warnings()
         with tk.session(logdir=tmp_path, system_metrics=False):
             step = _assert_equal_to_eager("adam", sched_name, "patch")
     assert _compiled_of(step).recompiles == 0
@@ -172,7 +173,7 @@ def test_no_recompiles_under_scheduler_adam(sched_name: str, tmp_path: Any) -> N
 @pytest.mark.parametrize("how", ["patch", "decorator"])
 def test_no_recompiles_sgd_momentum(how: str, tmp_path: Any) -> None:
     with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)
+        fail_on_runtime_warnings()
         with tk.session(logdir=tmp_path, system_metrics=False):
             step = _assert_equal_to_eager("sgd", "lambda", how)
     assert _compiled_of(step).recompiles == 0
@@ -261,7 +262,7 @@ def test_betas_become_tensors_only_when_a_schedule_moves_them(sched_name: str, m
     """Tensor betas cost Adam's compiled step ~17% on a CPU: only a moving schedule pays it."""
     torch._dynamo.reset()
     with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)  # the switch is no "late recompile"
+        fail_on_runtime_warnings()  # the switch is no "late recompile"
         step = _assert_equal_to_eager("adam", sched_name, "patch")
     compiled = _compiled_of(step)
     (hyper,) = compiled._hyper.values()

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import trainkit as tk
+from tests.helpers import fail_on_runtime_warnings
 from tests.conftest import scalars
 
 
@@ -48,7 +49,7 @@ def _train(compiled: bool, logdir=None):
 def test_loading_a_checkpoint_mid_run_causes_no_recompile(tmp_path):
     eager, _ = _train(False)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)
+        fail_on_runtime_warnings()
         model, opt = _train(True, tmp_path)
     got = scalars(tmp_path)
     assert [v for _, v in got["trainkit/compile/recompiles"]][-1] == 0
