@@ -206,3 +206,20 @@ def test_dataloader_rules_need_a_cuda_script() -> None:
     assert _pairs(loader) == []
     assert _pairs(loader + "model.cuda()\n") == [("TK501", 2), ("TK502", 2)]
     assert _pairs(loader + 'device = "cuda:0"\n') == [("TK501", 2), ("TK502", 2)]
+
+
+def test_tk104_a_loss_multiplied_by_a_name_bound_to_one_over_the_count_is_found() -> None:
+    # `weight = 1 / k` then `out * weight` divides by k as surely as `out / k` does
+    src = """
+    import trainkit as tk
+
+    def fit(net, batches, opt, crit, accum_k):
+        weight = 1 / accum_k
+        with tk.accumulate(accum_k, opt):
+            for a, b in batches:
+                out = crit(net(a), b) * weight
+                out.backward()
+                opt.step()
+    """
+    assert _pairs(src) == [("TK104", 8)]
+    assert _pairs(src.replace("weight = 1 / accum_k", "weight = 1 / a_norm")) == []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from typing import FrozenSet, Iterator, Optional
 
-from trainkit.lint._core import TrainingLoop
+from trainkit.lint._core import FileContext, TrainingLoop
 from trainkit.lint._nodes import dotted, is_reciprocal, method_name, pos
 
 # Reductions that keep the loss "the same value" for name tracking: ``loss.mean().backward()``.
@@ -209,6 +209,23 @@ def divisor(node: ast.AST, reciprocals: FrozenSet[str] = _NO_NAMES) -> Optional[
             arg = expr.args[-1]
             return _reciprocal_divisor(arg) if method_name(expr) in _MULTIPLICATIONS else arg
     return None
+
+
+def through_reciprocal_name(ctx: FileContext, by: ast.expr) -> ast.expr:
+    """``n`` for a name only ever bound to ``1 / n`` (``scale = 1 / n``, then ``loss * scale``); else ``by``.
+
+    Every assignment of the name in the file must divide by the same ``n``: ``scale = 1 / n`` in
+    one place and ``1 / k`` in another says nothing about this loop's divisor.
+    """
+    name = dotted(by)
+    if name is None or name not in ctx.reciprocal_names:
+        return by
+    values = ctx.assignments.get(name, [])
+    if not values or not all(isinstance(v, ast.BinOp) and isinstance(v.op, ast.Div) for v in values):
+        return by  # also `scale = 0.25`: no divisor written
+    if len({ast.dump(v.right) for v in values}) != 1:  # type: ignore[attr-defined]
+        return by
+    return values[0].right  # type: ignore[attr-defined]
 
 
 def _reciprocal_divisor(expr: ast.expr) -> ast.expr:

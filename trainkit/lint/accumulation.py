@@ -16,7 +16,7 @@ from trainkit.lint._core import FileContext, TrainingLoop
 from trainkit.lint._micro_loops import unnormalised_hits, wipe_hits
 from trainkit.lint._nodes import dotted, method_name, pos, receiver
 from trainkit.lint._loss import (backward_operand, divisor, late_normalisation, loss_of, normalisations_before,
-                                 normalised_before)
+                                 normalised_before, through_reciprocal_name)
 from trainkit.lint._registry import Hit, rule
 
 _TK_ACCUMULATE = "or let trainkit do it: `with tk.accumulate(n, optimizer):` divides by the micro-batches actually in each window, a short last window included"
@@ -230,6 +230,7 @@ def check_double_normalisation(ctx: FileContext) -> Iterator[Hit]:
             name = loss_of(loop, call)
             for node in normalisations_before(loop, call, name):
                 by = divisor(node, ctx.reciprocal_names)
+                by = through_reciprocal_name(ctx, by) if by is not None else None
                 if by is None or not _is_count(by, block):
                     continue
                 shown = ast.unparse(node).splitlines()[0]

@@ -25,7 +25,7 @@ from typing import Iterator, List, Optional, Tuple
 
 from trainkit.lint._accumulating import Accumulation, accumulating_loops
 from trainkit.lint._core import FileContext
-from trainkit.lint._loss import divisor, loss_of, normalisations_before
+from trainkit.lint._loss import divisor, loss_of, normalisations_before, through_reciprocal_name
 from trainkit.lint._nodes import dotted, find_modulo
 from trainkit.lint._registry import Hit, rule
 
@@ -146,23 +146,6 @@ def _rebound(acc: Accumulation, n: ast.expr) -> bool:
         isinstance(getattr(x, "ctx", None), ast.Store) and dotted(x) == name for x in acc.loop.region)
 
 
-def _through_name(ctx: FileContext, by: ast.expr) -> ast.expr:
-    """``n`` for a name only ever bound to ``1 / n`` (``scale = 1 / n``, then ``loss * scale``); else ``by``.
-
-    Every assignment of the name in the file must divide by the same ``n``: ``scale = 1 / n`` in
-    one place and ``1 / k`` in another says nothing about this loop's divisor.
-    """
-    name = dotted(by)
-    if name is None or name not in ctx.reciprocal_names:
-        return by
-    values = ctx.assignments.get(name, [])
-    if not values or not all(isinstance(v, ast.BinOp) and isinstance(v.op, ast.Div) for v in values):
-        return by  # also `scale = 0.25`: a literal is not the `n` of the `%` test
-    if len({ast.dump(v.right) for v in values}) != 1:  # type: ignore[attr-defined]
-        return by
-    return values[0].right  # type: ignore[attr-defined]
-
-
 def _example(n: ast.expr) -> str:
     """The consequence in numbers, for ``n`` as written."""
     if isinstance(n, ast.Constant) and isinstance(n.value, int) and n.value >= 2:
@@ -218,7 +201,7 @@ def check_short_last_window(ctx: FileContext) -> Iterator[Hit]:
             name = loss_of(acc.loop, call)
             for node in normalisations_before(acc.loop, call, name):
                 by = divisor(node, ctx.reciprocal_names)
-                if by is None or ast.dump(_through_name(ctx, by)) != ast.dump(n) or id(node) in seen:
+                if by is None or ast.dump(through_reciprocal_name(ctx, by)) != ast.dump(n) or id(node) in seen:
                     continue
                 seen.add(id(node))
                 every = ast.unparse(n)
