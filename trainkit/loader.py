@@ -93,7 +93,11 @@ class PatchedLoader:
                         s._last_step_end = (ev0 if ev0 is not None else timing.cuda_event(
                             timing.steps_device(s._cuda_device)))
                         s._last_step_host = t0  # for a step timed on the host (CPU parameters)
-                    if patched:  # batches are steps when no optimizer here is going to step
+                    # Batches are steps when no optimizer here is going to step; not in a
+                    # session resumed from a checkpoint (steps_done=N, its first batch's step is
+                    # past 1): it goes on training, its first optimizer step is step N + 1 (a
+                    # validation first, or the batches done before the checkpoint skipped).
+                    if patched and s.step == 1:
                         s._batches_are_steps = not is_grad_enabled() or stepped_elsewhere(s)
                 # Batches are steps: the step in progress ends as this wait began, if this pass
                 # already fed it; else this batch joins it (a loader zipped with another one).
