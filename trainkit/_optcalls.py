@@ -9,10 +9,11 @@ bound on use, and the methods set on the optimizer are bound to a ``weakref.prox
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 import weakref
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 from . import timing
 from .recorder import CLOSURE_MS
@@ -39,6 +40,73 @@ def referent(obj: Any) -> Any:
     """The object behind a ``weakref.proxy`` (``obj`` itself otherwise): a proxy passes every
     attribute lookup on, so a method looked up through it is bound to the object itself."""
     return obj.__init__.__self__ if isinstance(obj, weakref.ProxyTypes) else obj
+
+
+def scheduler_marked(step: Any, orig_step: Any) -> Any:
+    """``step`` (a patched optimizer's function) with the marks an LR scheduler looks for.
+
+    torch >= 2.4's schedulers mark the step they wrap ``_wrapped_by_lr_sched``; older ones
+    (``with_counter``) mark it ``_with_counter``, count ``optimizer._step_count`` in it, and take
+    a weak reference to its ``__self__``, which a ``weakref.proxy`` cannot give ("cannot create
+    weak reference to 'weakref.ProxyType' object" at a scheduler made after the patch). There the
+    patched step carries ``_with_counter`` always, so such a scheduler leaves it as it is, and
+    counts ``_step_count`` itself unless the step it wraps (a scheduler's made before) does.
+    """
+    if getattr(orig_step, "_wrapped_by_lr_sched", False):
+        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    if not _schedulers_count_steps():
+        return step
+    if getattr(orig_step, "_with_counter", False):
+        step._with_counter = True  # type: ignore[attr-defined]
+        return step
+
+    @functools.wraps(step)
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        d = self.__dict__  # the optimizer's own (``self`` is a proxy of it)
+        if "_step_count" in d:  # set by a scheduler made after the patch
+            d["_step_count"] += 1
+        return step(self, *args, **kwargs)
+
+    counted._with_counter = True  # type: ignore[attr-defined]
+    return counted
+
+
+def uncounted(opt: Any, step: Any) -> Tuple[Any, Optional[Callable[[], None]]]:
+    """``(step, None)``, or for a torch < 2.4 scheduler's ``with_counter`` wrapper (made before
+    the patch) the step it wraps, bound to ``opt``, and its count apart, to call before it.
+
+    For ``torch.compile``: compiled with the step, the count (``optimizer._step_count += 1``
+    through a weak reference) broke every compiled step's graph in two.
+    """
+    func = getattr(step, "__wrapped__", None)
+    if func is None or not getattr(step, "_with_counter", False) or hasattr(step, "__self__"):
+        return step, None
+    ref = weakref.ref(opt)
+
+    def count() -> None:
+        d = ref().__dict__
+        if "_step_count" in d:
+            d["_step_count"] += 1
+
+    return types.MethodType(func, opt), count
+
+
+@functools.lru_cache(maxsize=None)
+def _schedulers_count_steps() -> bool:
+    """Whether this torch's ``LRScheduler`` wraps ``optimizer.step`` with ``with_counter``
+    (torch < 2.4): its ``__init__``'s code, nested functions included, names ``_with_counter``."""
+    from torch.optim import lr_scheduler
+
+    init = getattr(getattr(lr_scheduler, "LRScheduler", None), "__init__", None)
+    codes = [getattr(init, "__code__", None)]
+    while codes:
+        code = codes.pop()
+        if code is None:
+            continue
+        if "_with_counter" in code.co_consts or "_with_counter" in code.co_names:
+            return True
+        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return False
 
 
 def closure_of(args: Any, kwargs: Any) -> Any:

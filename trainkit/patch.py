@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 from . import timing
 from ._optcalls import ZERO_GRAD_SIGNATURE, closure_of as _closure_of, rebind, referent, \
-    run_closure as _run_closure, timed_closure as _timed_closure, unbind
+    run_closure as _run_closure, scheduler_marked, timed_closure as _timed_closure, unbind
 from ._text import brief
 from ._wrapped import inner_optimizer, repoint_saved_step
 from .recorder import CLOSURE_MS, STEP_REC, UPDATE_MS
@@ -260,9 +260,7 @@ def _step_function(p: OptimizerPatch) -> Any:
         return p.step(*args, **kwargs)
 
     step.__wrapped_step__ = True  # type: ignore[attr-defined]
-    if getattr(p.orig_step, "_wrapped_by_lr_sched", False):
-        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
-    return step
+    return scheduler_marked(step, p.orig_step)
 
 
 _patched_zero_grad.__signature__ = ZERO_GRAD_SIGNATURE  # type: ignore[attr-defined]

@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, overload
 
 from ..session import active as _active_session  # the module name is rebound by __init__
 from .._text import brief
+from .._optcalls import uncounted
 from ..recorder import COMPILE_RECOMPILES, COMPILE_SECONDS
 from ._hyper import HyperTensors
 from ._state_keeper import keep_state_tensors, release_state_tensors
@@ -188,12 +189,15 @@ def compile_core(opt: Any, step: Callable[..., Any], *, mode: Optional[str] = No
     _check_options(mode, fullgraph)
     if not technique("compile", True):
         return step
-    compiled = _Compiled(step, lambda: [opt], mode=mode, fullgraph=fullgraph,
+    inner, count = uncounted(opt, step)  # an older torch's LR scheduler count, kept out of it
+    compiled = _Compiled(inner, lambda: [opt], mode=mode, fullgraph=fullgraph,
                          name=type(opt).__name__)
 
     def core(*args: Any, **kwargs: Any) -> Any:
         if args or kwargs:
             return step(*args, **kwargs)
+        if count is not None:
+            count()
         return compiled()
 
     core.trainkit_compiled = compiled  # type: ignore[attr-defined]
