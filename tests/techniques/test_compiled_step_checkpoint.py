@@ -13,6 +13,12 @@ import torch
 import trainkit as tk
 from tests.helpers import fail_on_runtime_warnings
 from tests.conftest import scalars
+from trainkit.techniques import _hyper
+
+#: OneCycleLR moves Adam's betas, which a compiled step holds as tensors: CPU needs torch >= 2.5.
+moving_betas = pytest.mark.skipif(
+    tuple(int(v) for v in torch.__version__.split(".")[:2]) < _hyper.TENSOR_BETAS_ON_CPU,
+    reason="a compiled CPU Adam step with moving betas needs torch >= 2.5 (refused below)")
 
 
 @pytest.fixture(autouse=True)
@@ -46,6 +52,7 @@ def _train(compiled: bool, logdir=None):
     return model, opt
 
 
+@moving_betas
 def test_loading_a_checkpoint_mid_run_causes_no_recompile(tmp_path):
     eager, _ = _train(False)
     with warnings.catch_warnings():
@@ -80,3 +87,50 @@ def test_unpatch_gives_load_state_dict_back_to_torch():
     opt.load_state_dict(copy.deepcopy(opt.state_dict()))
     assert opt.state[p]["exp_avg"] is not kept  # torch's own behaviour again
     tk.unpatch(opt)  # twice: nothing left to undo
+
+
+def test_moving_betas_on_a_torch_too_old_for_them_are_refused_clearly(monkeypatch):
+    """torch 2.3's and 2.4's CPU Adam step, compiled, failed where OneCycleLR first moved the betas
+    (an AssertionError about capturable, or "expected dtype float for `weight`"): now a
+    RuntimeError names the torch it needs and the ways out, the param_groups left as they were."""
+    monkeypatch.setattr(torch, "__version__", "2.4.1+cpu")
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=8)
+    tk.compiled_step(opt)
+    with pytest.raises(RuntimeError, match=r"\(2\.4\.1\+cpu\).*torch >= 2\.5.*cycle_momentum=False"):
+        for _ in range(2):
+            model(torch.randn(3, 8)).sum().backward()
+            opt.step()
+            sched.step()
+    group = opt.param_groups[0]
+    assert isinstance(group["lr"], float) and all(isinstance(b, float) for b in group["betas"])
+
+
+def test_an_older_torchs_scheduler_counter_stays_out_of_the_compiled_step():
+    """torch < 2.4's LR scheduler wraps optimizer.step in a counter (``with_counter``): compiled
+    with it, every step broke its graph at the counter's weak reference. Its count now runs
+    outside the compiled step, and counts as before."""
+    from torch._dynamo.utils import counters
+
+    from trainkit._optcalls import _schedulers_count_steps
+
+    if not _schedulers_count_steps():
+        pytest.skip("this torch's LR scheduler wraps optimizer.step without a counter (2.4+)")
+
+    def breaks(with_scheduler):
+        torch._dynamo.reset()
+        counters.clear()
+        model = torch.nn.Linear(8, 4)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        sched = torch.optim.lr_scheduler.StepLR(opt, 2) if with_scheduler else None
+        tk.compiled_step(opt)
+        for _ in range(4):
+            model(torch.randn(3, 8)).sum().backward()
+            opt.step()
+            if sched is not None:
+                sched.step()
+        assert not with_scheduler or opt._step_count == 4
+        return sum(counters["graph_break"].values())
+
+    assert breaks(True) == breaks(False)

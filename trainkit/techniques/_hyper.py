@@ -31,6 +31,34 @@ def _takes_tensor(opt: Any, group: Dict[str, Any], key: str) -> bool:
     return all(p.is_cuda for p in params) and not any(opt.state.get(p) for p in params)
 
 
+#: The first torch whose compiled Adam/AdamW step takes tensor betas on the CPU: at the step
+#: where they start to move, 2.3's fails ("If capturable=True, params and state_steps must be
+#: CUDA or XLA tensors"), and 2.4's ("expected dtype float for `weight` but got dtype double").
+TENSOR_BETAS_ON_CPU = (2, 5)
+
+
+def _check_tensor_betas(opt: Any, device: Any,
+                        saved: List[Tuple[Dict[str, Any], str, Any]]) -> None:
+    """Refuse, clearly and with the group's values restored, what this torch would fail on."""
+    import re
+
+    import torch
+
+    m = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    if torch.device(device).type != "cpu" or m is None \
+            or (int(m[1]), int(m[2])) >= TENSOR_BETAS_ON_CPU:
+        return
+    HyperTensors.restore(saved)
+    need = ".".join(map(str, TENSOR_BETAS_ON_CPU))
+    name = type(opt).__name__
+    raise RuntimeError(
+        f"compiled_step({name}): an LR scheduler moves its betas (OneCycleLR, or CyclicLR with "
+        f"cycle_momentum=True), which the compiled step holds as tensors, and this torch's "
+        f"({torch.__version__}) {name} step fails on tensor betas on the CPU: that needs torch "
+        f">= {need}. Upgrade torch (pip install 'torch>={need}'), keep the betas constant "
+        f"(e.g. OneCycleLR(..., cycle_momentum=False)), or step this optimizer uncompiled")
+
+
 class HyperTensors:
     """Persistent tensors standing in for one optimizer's scheduled Python hyper-parameters.
 
@@ -86,6 +114,8 @@ class HyperTensors:
                       and all(isinstance(b, float) for b in value)):
                     if not self._betas_moving.get(gi):
                         seen = self._betas_seen.get(gi)
+                        if seen not in (None, value) and _takes_tensor(self.opt, group, key):
+                            _check_tensor_betas(self.opt, device, saved)
                         self._betas_seen[gi] = value
                         if seen is None or seen == value:
                             continue  # constant so far: left a Python float, folded by inductor
