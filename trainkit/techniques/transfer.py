@@ -98,6 +98,8 @@ def _walk(obj: Any, device: Any, non_blocking: Optional[bool], acc: Optional[lis
             return type(obj)(values)  # a copy of any other mapping may share its storage
         except Exception:  # an immutable, or otherwise built, mapping: its items as a dict
             return values
+    if isinstance(obj, (int, float, complex, str, bytes, type(None))):
+        return obj  # the usual leaves, before hasattr(cls, ...), which dynamo (torch 2.3) fails on
     cls = type(obj)
     # A dataclass instance (not a dataclass itself, whose type is type); one with a .to() of its
     # own is left as it is, as any other object with one: what it moves is its business.
