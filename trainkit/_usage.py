@@ -76,8 +76,10 @@ def _met_every_rank() -> "bool | None":
     try:
         from torch.distributed import TCPStore
 
+        # At least a second: torch 2.3/2.4 truncate it to whole seconds (0: no connect at all).
         store = TCPStore(_env.get(_env.MASTER_ADDR) or "", int(_env.get(_env.MASTER_PORT) or 0),
-                         is_master=False, timeout=datetime.timedelta(seconds=USAGE_WAIT))
+                         is_master=False,
+                         timeout=datetime.timedelta(seconds=max(USAGE_WAIT, 1.0)))
     except Exception:  # no store after all: leave as without torchrun
         return None
     # From here on a SIGTERM from torchrun (another rank left first) is this rank's exit 2 too.
