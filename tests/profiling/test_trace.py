@@ -215,6 +215,10 @@ def test_repeated_cycles_do_not_pass_on_torchs_acc_events_warning(logdir):
         train(logdir, steps=10, profile=tk.ProfileSchedule(wait=1, warmup=1, active=2, repeat=2))
     assert len(_traces(logdir)) == 2  # one trace per cycle: nothing is cleared before it is written
     assert not [w for w in caught if "clears events" in str(w.message)], [str(w.message) for w in caught]
+    import inspect
+
+    if "clears events" not in inspect.getsource(tpp):
+        return  # a torch without the warning (2.4 and older): nothing of torch's to pass on
     # a profiler of the user's still gets torch's warning
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -5,6 +5,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import trainkit as tk
 from trainkit import switches
 from trainkit.patch import optimizer_patch
+from trainkit.techniques import fused
 
 
 def _params():
@@ -12,6 +13,8 @@ def _params():
 
 
 def test_fused_override_sets_and_unpatch_restores():
+    if "cpu" not in fused._supported_devices():
+        pytest.skip("fused optimizer kernels on the CPU need torch >= 2.4")
     opt = torch.optim.Adam(_params(), lr=0.1, foreach=True)
     with switches.overrides({"fused": True}):
         tk.patch(opt)
