@@ -191,3 +191,18 @@ def test_a_plain_exit_taken_on_the_multiples_is_no_accumulation_either() -> None
     # the same test negated is an exit on the other batches: the step runs every `every`
     assert _pairs(src.replace("j % every == 0 and", "(j + 1) % every != 0 or not").replace("EXIT", "continue")) == [
         ("TK102", 4)]
+
+
+def test_many_data_filter_exits_cost_linear_time() -> None:
+    # every exit is kept for TK302's checks now, not only those on a `%` test: a block of
+    # thousands of `if ...: continue` filters, each followed by a sync, once took ~40 s
+    import time
+
+    lines = ["def fit(batches, opt):", "    for a in batches:", "        out = a.sum()", "        out.backward()"]
+    for i in range(2000):
+        lines += [f"        if a{i} is None:", "            continue", f"        t{i} = out.item()"]
+    lines.append("        opt.step()")
+    start = time.perf_counter()
+    found = lint_source("\n".join(lines) + "\n")
+    assert len(found) == 2000
+    assert time.perf_counter() - start < 15

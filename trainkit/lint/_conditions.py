@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import ast
 from functools import cached_property
-from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Tuple
 
-from trainkit.lint._exits import Exit, as_exit, exit_side, leaves_rare, polarity
+from trainkit.lint._exits import as_exit, leaves_rare, polarity
 from trainkit.lint._nodes import dotted, find_modulo, is_device_check, pos
 
 if TYPE_CHECKING:
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 # ``case`` blocks of a ``match`` (Python 3.10+): each runs only when its pattern matches.
 _MATCH_CASE: Tuple[type, ...] = (ast.match_case,) if hasattr(ast, "match_case") else ()
+# Early exits before a statement, nearest first, as a linked list: (exit ``if``, the ones before it).
+_Chain = Optional[Tuple[ast.If, "_Chain"]]
 
 def _is_query(call: ast.Call) -> bool:
     """``scaler.is_enabled()``, ``torch.cuda.is_available()``: a state query without arguments."""
@@ -79,41 +81,47 @@ class Branching:
         return expr
 
     @cached_property
-    def _all_exits(self) -> Dict[ast.AST, List[Exit]]:
-        """Statement -> the early exits (on any test) before it in its block, nearest first."""
+    def _blocks(self) -> List[List[ast.stmt]]:
+        """Every statement list of the iteration: the loop's body and each nested block."""
         blocks: List[List[ast.stmt]] = [self.node.body]
         for n in self.region:
             for field in ("body", "orelse", "finalbody"):
                 block = getattr(n, field, None)
                 if isinstance(block, list):
                     blocks.append(block)
-        out: Dict[ast.AST, List[Exit]] = {}
-        for block in blocks:
-            seen: List[Exit] = []
-            for stmt in block:
-                if seen:
-                    out[stmt] = seen[::-1]
-                found = as_exit(stmt)
-                if found is not None:
-                    seen.append(found)
-        return out
+        return blocks
 
     @cached_property
-    def _exits_before(self) -> Dict[ast.AST, List[Exit]]:
-        """Statement -> the early exits on a ``%`` test before it in its block, nearest first.
+    def _exit_chains(self) -> Tuple[Dict[ast.AST, "_Chain"], Dict[ast.AST, "_Chain"], Dict[int, str]]:
+        """Statement -> the early exits before it in its block, nearest first: every one, and those on
+        a ``%`` test; and each exit's side. A chain shares its tail with the statements before it, so
+        a block of many ``if ...: continue`` filters costs linear time and memory.
 
-        An exit counts when it may be taken where the ``%`` test says "not a multiple"
+        An exit on a ``%`` test counts when it may be taken where that test says "not a multiple"
         (``if i % n != 0: continue``, ``if warm: if i % n != 0: continue``), so the rest runs on
         the multiples; not ``if step % eval_every == 0 and done: break``, after which the rest
         runs on nearly every batch.
         """
-        out: Dict[ast.AST, List[Exit]] = {}
-        for stmt, exits in self._all_exits.items():
-            kept = [(owner, side) for owner, side in exits
-                    if self.guard_modulo(owner) is not None and leaves_rare(self._exit_test(owner, side))]
-            if kept:
-                out[stmt] = kept
-        return out
+        every: Dict[ast.AST, _Chain] = {}
+        modulo: Dict[ast.AST, _Chain] = {}
+        sides: Dict[int, str] = {}
+        for block in self._blocks:
+            all_chain: _Chain = None
+            mod_chain: _Chain = None
+            for stmt in block:
+                if all_chain is not None:
+                    every[stmt] = all_chain
+                if mod_chain is not None:
+                    modulo[stmt] = mod_chain
+                found = as_exit(stmt)
+                if found is None:
+                    continue
+                owner, side = found
+                sides[id(owner)] = side
+                all_chain = (owner, all_chain)
+                if self.guard_modulo(owner) is not None and leaves_rare(self._exit_test(owner, side)):
+                    mod_chain = (owner, mod_chain)
+        return every, modulo, sides
 
     def _exit_test(self, owner: ast.If, side: str) -> ast.expr:
         """When early exit ``owner`` is taken (its test, or its negation for ``if c: ... else: continue``)."""
@@ -128,35 +136,58 @@ class Branching:
         """``(parent, child)`` from ``node`` up to the loop; an early exit before ``child`` comes as
         ``(exit_if, child)``, before ``child``'s own parent (it is nearer). Only exits on a ``%``
         test, unless ``every_exit``."""
-        exits = self._all_exits if every_exit else self._exits_before
+        exits = self._exit_chains[0 if every_exit else 1]
         child = node
         for parent in self.ctx.ancestors(node, stop=self.node):
-            for exit_if, _ in exits.get(child, ()):
-                yield exit_if, child
+            chain = exits.get(child)
+            while chain is not None:
+                yield chain[0], child
+                chain = chain[1]
             yield parent, child
             child = parent
-        for exit_if, _ in exits.get(child, ()):
-            yield exit_if, child
+        chain = exits.get(child)
+        while chain is not None:
+            yield chain[0], child
+            chain = chain[1]
 
     def _exit_side(self, owner: ast.AST, child: ast.AST) -> Optional[str]:
         """The side of early exit ``owner`` that ``child`` (a later statement of its block) runs on."""
         if isinstance(owner, ast.If) and child is not owner.test and not any(
                 child is s for s in owner.body + owner.orelse):
-            return exit_side(owner)
+            return self._exit_chains[2].get(id(owner))
         return None
 
     def exits_before(self, node: ast.AST) -> List[ast.If]:
         """The early exits on a ``%`` test that ``node`` runs behind, innermost first."""
         return [owner for owner, child in self._path(node) if self._exit_side(owner, child) is not None]  # type: ignore[misc]
 
-    def early_exits(self, node: ast.AST) -> List[Tuple[ast.If, str]]:
-        """Every early exit ``node`` runs behind (on any test), with the side it runs on, innermost first."""
-        out: List[Tuple[ast.If, str]] = []
-        for owner, child in self._path(node, every_exit=True):
-            side = self._exit_side(owner, child)
-            if side is not None:
-                out.append((owner, side))  # type: ignore[arg-type]
-        return out
+    def behind_exit(self, node: ast.AST, key: str, wanted: Callable[[ast.If, str], bool]) -> bool:
+        """Whether ``node`` runs behind an early exit (on any test) for which ``wanted(exit_if, side)``
+        holds, ``side`` being the one the rest of its block runs on. ``key`` names ``wanted`` for the
+        cache: each exit is asked once per loop."""
+        cache = self.__dict__.setdefault("_behind_cache", {})
+        if key not in cache:
+            every, _, sides = self._exit_chains
+            flags: Dict[ast.AST, bool] = {}
+            for block in self._blocks:
+                seen = False
+                asked: Optional[ast.If] = None
+                for stmt in block:
+                    chain = every.get(stmt)
+                    # ask each exit once: when it first heads the chain (the nearest before `stmt`)
+                    if chain is not None and not seen and chain[0] is not asked:
+                        asked = chain[0]
+                        seen = wanted(asked, sides[id(asked)])
+                    if seen:
+                        flags[stmt] = True
+            cache[key] = flags
+        flags = cache[key]
+        child = node
+        for parent in self.ctx.ancestors(node, stop=self.node):
+            if flags.get(child):
+                return True
+            child = parent
+        return bool(flags.get(child))
 
     # -- guards and branches --------------------------------------------------
 

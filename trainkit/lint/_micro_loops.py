@@ -58,24 +58,26 @@ def _about_grads(node: ast.AST) -> bool:
     return False
 
 
-def _directly_in(ctx: FileContext, inner: ast.AST, outer: ast.AST) -> bool:
-    """Whether loop ``inner`` runs in ``outer``'s own iteration (no loop or function between them)."""
+def _enclosing_loop(ctx: FileContext, inner: ast.AST) -> Optional[ast.AST]:
+    """The loop whose own iteration runs loop ``inner`` (no function between them), if any."""
     for parent in ctx.ancestors(inner):
-        if parent is outer:
-            return True
-        if isinstance(parent, _LOOPS + _SCOPES):
-            return False
-    return False
+        if isinstance(parent, _LOOPS):
+            return parent
+        if isinstance(parent, _SCOPES):
+            return None
+    return None
 
 
 def micro_loops(ctx: FileContext) -> Iterator[MicroLoop]:
     """Each inner loop that runs backward, never steps, and is followed by the outer loop's step."""
+    by_node = {id(loop.node): loop for loop in ctx.training_loops}
     for inner in ctx.training_loops:
         if inner.step_calls or any(calls_step_function(c, ctx.step_functions) for c in inner.calls):
             continue
         if any(_about_grads(n) for n in inner.region):
             continue
-        outer = next((o for o in ctx.training_loops if o is not inner and _directly_in(ctx, inner.node, o.node)), None)
+        enclosing = _enclosing_loop(ctx, inner.node)
+        outer = by_node.get(id(enclosing)) if enclosing is not None else None
         if outer is None:
             continue
         end = (inner.node.end_lineno or inner.node.lineno, 1 << 30)

@@ -68,7 +68,7 @@ def _exempt(ctx: FileContext, loop: TrainingLoop, node: ast.AST) -> bool:
     branch for a non-finite loss, or under ``torch.no_grad()``."""
     if loop.exits_before(node):
         return True
-    if any(_rare(loop, owner.test, side == "body") for owner, side in loop.early_exits(node)):
+    if loop.behind_exit(node, "TK302 rare", lambda owner, side: _rare(loop, owner.test, side == "body")):
         return True
     child = node
     for parent in ctx.ancestors(node, stop=loop.node):
