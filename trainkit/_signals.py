@@ -92,6 +92,8 @@ def held(replay: bool = True) -> Iterator[List[int]]:
         return
     saved: Dict[int, Any] = {}
     for sig in _HELD:
+        if sig not in (signal.SIGINT, signal.SIGTERM) and not callable(signal.getsignal(sig)):
+            continue  # SIGCHLD: only a Python handler (a DataLoader's) can raise; others left be
         try:
             saved[sig] = signal.signal(sig, lambda signum, frame: came.append(signum))
         except (ValueError, OSError):  # not settable here

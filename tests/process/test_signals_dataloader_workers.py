@@ -84,3 +84,30 @@ def test_sigterm_to_the_process_group_of_a_loop_with_dataloader_workers(tmp_path
         assert "Traceback" not in child.stderr and "failed" not in child.stderr, child.stderr[-3000:]
         steps = [st for st, _ in scalars(logdir)["loss"]]
         assert steps[:30] == list(range(1, 31)), steps[:40]
+
+
+class _SeesSigchld:
+    """A pending value that notes, as the final write reads it, SIGCHLD's handler then."""
+
+    seen = []
+
+    def ready(self):
+        return True
+
+    def value(self, wait):
+        self.seen.append(signal.getsignal(signal.SIGCHLD))
+        return 1.0
+
+    def release(self):
+        pass
+
+
+def test_without_a_python_sigchld_handler_the_close_leaves_sigchld_alone(tmp_path):
+    # Nothing there can raise (no DataLoader's handler): a C library's own handler, or the
+    # default, is not swapped out and back while the session writes.
+    assert signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL
+    s = tk.session(logdir=tmp_path, system_metrics=False, flush_secs=60)
+    s._buf.append(("y", 1, _SeesSigchld()))
+    s.close()
+    assert _SeesSigchld.seen == [signal.SIG_DFL]
+    assert signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL
