@@ -132,11 +132,10 @@ class Branching:
         """Whether ``guard`` is the ``if <condition>: continue`` standing in for a nested early exit."""
         return isinstance(guard, ast.If) and guard not in self.ctx.parents
 
-    def _path(self, node: ast.AST, every_exit: bool = False) -> Iterator[Tuple[ast.AST, ast.AST]]:
-        """``(parent, child)`` from ``node`` up to the loop; an early exit before ``child`` comes as
-        ``(exit_if, child)``, before ``child``'s own parent (it is nearer). Only exits on a ``%``
-        test, unless ``every_exit``."""
-        exits = self._exit_chains[0 if every_exit else 1]
+    def _path(self, node: ast.AST) -> Iterator[Tuple[ast.AST, ast.AST]]:
+        """``(parent, child)`` from ``node`` up to the loop; an early exit on a ``%`` test before
+        ``child`` comes as ``(exit_if, child)``, before ``child``'s own parent (it is nearer)."""
+        exits = self._exit_chains[1]
         child = node
         for parent in self.ctx.ancestors(node, stop=self.node):
             chain = exits.get(child)

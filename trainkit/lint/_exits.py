@@ -30,8 +30,7 @@ Exit = Tuple[ast.If, str]  # an early-exit ``if`` and the side the rest of its b
 
 
 def _not(expr: ast.expr) -> ast.expr:
-    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
-        return expr.operand
+    """``not expr``, kept as a new node even for ``not not x``: :func:`plain_side` recognises it."""
     return ast.copy_location(ast.UnaryOp(op=ast.Not(), operand=expr), expr)
 
 
