@@ -218,8 +218,8 @@ class Session:
 
     @property
     def steps_done(self) -> int:
-        """The optimizer steps done so far, those of ``session(steps_done=...)`` included: the
-        step count to save in a checkpoint, to resume with ``tk.session(logdir, steps_done=n)``."""
+        """The steps of the run's x axis done so far (``session(steps_done=...)``'s included): the
+        count to save in a checkpoint, to resume with ``tk.session(logdir, steps_done=n)``."""
         return self.step - 1
 
     def __enter__(self) -> "Session":
