@@ -161,6 +161,8 @@ def test_hyper_parameters_restored_after_a_failing_step() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("sched_name", sorted(SCHEDULERS))
 def test_no_recompiles_under_scheduler_adam(sched_name: str, tmp_path: Any) -> None:
+    if sched_name == "onecycle" and tuple(map(int, torch.__version__.split(".")[:2])) < (2, 5):
+        pytest.skip("OneCycleLR moves Adam's betas: a compiled CPU step needs torch >= 2.5")
     with warnings.catch_warnings():
         fail_on_runtime_warnings()
         with tk.session(logdir=tmp_path, system_metrics=False):
@@ -260,6 +262,8 @@ def test_cuda_foreach_adam_onecycle_no_recompiles() -> None:
 @pytest.mark.parametrize("sched_name, moving", [("linear", False), ("onecycle", True)])
 def test_betas_become_tensors_only_when_a_schedule_moves_them(sched_name: str, moving: bool) -> None:
     """Tensor betas cost Adam's compiled step ~17% on a CPU: only a moving schedule pays it."""
+    if moving and tuple(map(int, torch.__version__.split(".")[:2])) < (2, 5):
+        pytest.skip("OneCycleLR moves Adam's betas: a compiled CPU step needs torch >= 2.5")
     torch._dynamo.reset()
     with warnings.catch_warnings():
         fail_on_runtime_warnings()  # the switch is no "late recompile"
@@ -301,8 +305,9 @@ print("done")
                               env=env, timeout=300)
         assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-3000:]
         out[how] = proc.stderr
-    assert "Profiler record function" in out["raw"]  # else torch stopped warning: drop the filter
-    assert "Profiler record function" not in out["trainkit"], out["trainkit"][-2000:]
+    said = "Profiler record function" if "Profiler record" in out["raw"] else "Profiler function"
+    assert said in out["raw"]  # else torch stopped warning: drop the filter (torch <= 2.6: 2nd)
+    assert said not in out["trainkit"], out["trainkit"][-2000:]
 
 
 def test_float64_parameters_step_as_eager_to_the_last_bits() -> None:

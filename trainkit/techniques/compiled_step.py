@@ -94,8 +94,8 @@ class _QuietOptimizerRecordFunction(logging.Filter):
     traces itself (``trainkit/optimizer_step``, outside the graph), so nothing is lost.
     """
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Profiler record function")
+    def filter(self, record: logging.LogRecord) -> bool:  # torch <= 2.6: "Profiler function"
+        return not str(record.msg).startswith(("Profiler record function", "Profiler function"))
 
 
 _QUIET = _QuietOptimizerRecordFunction()
@@ -108,7 +108,8 @@ class _Compiled:
                  mode: Optional[str], fullgraph: bool, name: str) -> None:
         import torch
 
-        logging.getLogger("torch._dynamo.variables.ctx_manager").addFilter(_QUIET)  # once: a set
+        for where in ("ctx_manager", "torch"):  # its logger (torch <= 2.6: ...variables.torch)
+            logging.getLogger("torch._dynamo.variables." + where).addFilter(_QUIET)  # a set
         self.compiled = torch.compile(fn, mode=mode, fullgraph=fullgraph)
         self.optimizers = optimizers
         self.name = name
