@@ -22,9 +22,16 @@ def test_every_example_is_covered():
     assert found == set(CASES)
 
 
+#: compiled_optimizer.py compiles Adam under OneCycleLR, which moves its betas: refused on the
+#: CPU below torch 2.5 (trainkit.techniques._hyper.TENSOR_BETAS_ON_CPU).
+OLD_TORCH = tuple(int(v) for v in __import__("torch").__version__.split(".")[:2]) < (2, 5)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_example_runs(tmp_path, name):
+    if name == "compiled_optimizer.py" and OLD_TORCH:
+        pytest.skip("a compiled CPU Adam step with moving betas needs torch >= 2.5")
     args, tag = CASES[name]
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     logdir = tmp_path / "run"
@@ -37,6 +44,8 @@ def test_example_runs(tmp_path, name):
 @pytest.mark.slow
 def test_compiled_optimizer_example_trains_with_its_defaults(tmp_path):
     """Its loss went from 0.005 to 1e7 (max_lr=0.05 for Adam): a run that looked broken by compile."""
+    if OLD_TORCH:
+        pytest.skip("a compiled CPU Adam step with moving betas needs torch >= 2.5")
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     logdir = tmp_path / "run"
     out = subprocess.run([sys.executable, os.path.join(REPO, "examples", "compiled_optimizer.py"),

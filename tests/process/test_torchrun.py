@@ -9,10 +9,13 @@ import pytest
 from ._util import REPO, SCRIPTS, child_env, event_files, free_port, read_scalars, steps_of
 
 STEPS = 6
+FSDP2 = pytest.mark.skipif(
+    not hasattr(__import__("importlib").import_module("torch.distributed.fsdp"), "fully_shard"),
+    reason="FSDP2 (torch.distributed.fsdp.fully_shard) is public from torch 2.6")
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("wrap", ["ddp", pytest.param("fsdp2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("wrap", ["ddp", pytest.param("fsdp2", marks=[pytest.mark.slow, FSDP2])])
 def test_each_rank_writes_its_own_run(tmp_path, wrap):
     logdir = tmp_path / wrap
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
