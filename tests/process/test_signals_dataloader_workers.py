@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 
 import pytest
@@ -17,40 +16,23 @@ import pytest
 import trainkit as tk
 from tests.conftest import scalars
 
+from ._dying_worker import WorkerDiesNow, torch_like_sigchld
 from ._util import SCRIPTS, Child
 
 SCRIPT = SCRIPTS / "workers_die_with_sigterm.py"
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGCHLD"), reason="no SIGCHLD here")
 
 
-class _WorkerDies:
-    """A pending value whose reading, in the final write, meets the SIGCHLD of a dead worker."""
-
-    def ready(self):
-        return True
-
-    def value(self, wait):
-        os.kill(os.getpid(), signal.SIGCHLD)
-        return 2.0
-
-    def release(self):
-        pass
-
-
-def _torch_like_sigchld(signum, frame):
-    raise RuntimeError("DataLoader worker (pid 1) is killed by signal: Terminated. ")
-
-
 def test_a_worker_dying_during_close_is_told_once_everything_is_written(tmp_path):
-    prev = signal.signal(signal.SIGCHLD, _torch_like_sigchld)
+    prev = signal.signal(signal.SIGCHLD, torch_like_sigchld)
     try:
         s = tk.session(logdir=tmp_path, system_metrics=False, flush_secs=60)
         for i in range(1, 21):
             s.log("x", float(i), step=i)
-        s._buf.append(("y", 20, _WorkerDies()))
+        s._buf.append(("y", 20, WorkerDiesNow()))
         with pytest.raises(RuntimeError, match="worker"):
             s.close()  # torch's error comes from here, after the close
-        assert signal.getsignal(signal.SIGCHLD) is _torch_like_sigchld
+        assert signal.getsignal(signal.SIGCHLD) is torch_like_sigchld
     finally:
         signal.signal(signal.SIGCHLD, prev)
     assert [st for st, _ in scalars(tmp_path)["x"]] == list(range(1, 21))

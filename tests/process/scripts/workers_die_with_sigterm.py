@@ -17,29 +17,11 @@ import time
 import torch
 
 import trainkit as tk
+from tests.process._dying_worker import WorkerDiesNow, torch_like_sigchld
 
 logdir, mode = sys.argv[1], sys.argv[2]
 torch.set_num_threads(1)
 torch.manual_seed(0)
-
-
-class WorkerDiesNow:
-    """A pending value whose reading, in the final write, meets the SIGCHLD of a dead worker."""
-
-    def ready(self):
-        return True
-
-    def value(self, wait):
-        os.kill(os.getpid(), signal.SIGCHLD)
-        return 2.0
-
-    def release(self):
-        pass
-
-
-def torch_like_sigchld(signum, frame):
-    raise RuntimeError("DataLoader worker (pid 1) is killed by signal: Terminated. ")
-
 
 model = torch.nn.Linear(8, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
