@@ -211,7 +211,8 @@ def several_sessions(run: Run) -> Optional[Finding]:
     return Finding(
         code="TA111", title="several sessions in one run folder",
         evidence=f"{len(run.sessions)} sessions wrote into {run.path!r}, and a later one counted "
-                 f"its steps from 1 again (a script run again with the same logdir): these "
+                 f"its steps again from the first step of an earlier one or before (a script run "
+                 f"again with the same logdir, from step 1): these "
                  f"findings are of the session(s) TensorBoard shows, {', '.join(shown)}{when}"
                  f"{traces}; the {n} earlier one(s){left} are left out, as TensorBoard's Scalars "
                  f"tab leaves them out (with --load_fast=false, it draws all of them one after "
