@@ -144,3 +144,51 @@ def test_a_divided_loss_or_a_loop_over_task_losses_is_clean() -> None:
     # with a wiping zero_grad inside, TK103 comes first (dividing alone would not help)
     wiped = MICRO_STEPS.replace("a, b = next_batch()", "opt.zero_grad()\n            a, b = next_batch()")
     assert _pairs(wiped) == [("TK103", 5)]
+
+
+# --------------------------------------------------------------------------- TK101
+
+LATE_IN_MICRO = """
+def fit(net, next_batch, opt, accum_micro, total):
+    for it in range(total):
+        for micro in range(accum_micro):
+            a, b = next_batch()
+            out = net(a, b)
+            out.backward()
+            out = out / accum_micro
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+"""
+
+
+def test_a_loss_divided_after_its_backward_in_a_micro_batch_loop_is_found() -> None:
+    # it once went unreported: TK102 left it to TK101, which looked only at `%` accumulation
+    assert _pairs(LATE_IN_MICRO) == [("TK101", 8)]
+    (finding,) = lint_source(textwrap.dedent(LATE_IN_MICRO))
+    assert finding.message.startswith("`out = out / accum_micro` divides `out` after `out.backward()` on line 7")
+    assert "micro-batch loop (line 4)" in finding.message and "step (line 9)" in finding.message
+    assert finding.fix.startswith("move `out = out / accum_micro` before `out.backward()`")
+    assert _pairs(LATE_IN_MICRO.replace("out = out / accum_micro", "out /= accum_micro")) == [("TK101", 8)]
+    assert _pairs(LATE_IN_MICRO.replace("out = out / accum_micro", "out.div_(accum_micro)")) == [("TK101", 8)]
+
+
+def test_a_late_division_by_the_inner_loop_s_count_is_found_whatever_its_name() -> None:
+    src = LATE_IN_MICRO.replace("for micro in range(accum_micro):", "for _ in range(k):").replace(
+        "accum_micro, total", "k, total").replace("out = out / accum_micro", "out = out / k")
+    assert _pairs(src) == [("TK101", 8)]
+
+
+def test_a_late_division_in_the_micro_batch_loop_that_is_only_for_logging_is_clean() -> None:
+    # divided before the backward: the division after it is for the log
+    before = LATE_IN_MICRO.replace("out = net(a, b)", "out = net(a, b) / accum_micro")
+    assert _pairs(before) == []
+    # rebound first: the division is of a logged copy
+    detached = LATE_IN_MICRO.replace("out = out / accum_micro", "out = out.detach()\n            out /= accum_micro")
+    assert _pairs(detached) == [("TK102", 7)]
+    # a loop over task losses, meant to add up, divided by something else for the log
+    tasks = LATE_IN_MICRO.replace("for micro in range(accum_micro):", "for head in net.heads:").replace(
+        "out = out / accum_micro", "out = out / len(net.heads)")
+    assert _pairs(tasks) == []
+    # a wiping zero_grad inside: TK103 comes first
+    wiped = LATE_IN_MICRO.replace("a, b = next_batch()", "opt.zero_grad()\n            a, b = next_batch()")
+    assert _pairs(wiped) == [("TK103", 5)]

@@ -6,7 +6,8 @@ the one step after it. A ``zero_grad()`` run at every iteration of that inner lo
 the earlier iterations added, so the step sees one iteration's gradient (TK103). A loss never
 divided there makes the update the sum of the micro-batches' gradients (TK102), reported only when
 the inner loop says it goes over micro-batches (``micro``, ``accum``, ``chunk``): a loop over
-several task losses may mean them to add up.
+several task losses may mean them to add up. A loss divided only after its backward there
+(TK101) is reported for such a loop too, or when the divisor is the inner loop's count.
 
 Left alone, since their inner loops may mean to collect gradients one by one: an inner loop
 that reads ``.grad`` or calls anything else about gradients (``torch.autograd.grad``,
@@ -24,7 +25,8 @@ from typing import Iterator, Optional, Tuple
 from trainkit.lint._accumulating import stepped_optimizer
 from trainkit.lint._calls import calls_step_function
 from trainkit.lint._core import FileContext, TrainingLoop
-from trainkit.lint._loss import backward_operand, late_normalisation, loss_of, normalised_before
+from trainkit.lint._loss import (backward_operand, divisor, late_normalisation, loss_of, normalised_before,
+                                 through_reciprocal_name)
 from trainkit.lint._nodes import dotted, method_name, names_in, pos, receiver
 from trainkit.lint._registry import Hit
 
@@ -116,6 +118,7 @@ def wipe_hits(ctx: FileContext) -> Iterator[Hit]:
 
 # An inner loop that says it goes over micro-batches: `for micro_step in range(grad_accum_steps)`, `x.chunk(k)`.
 _MICRO_RE = re.compile(r"micro|accum|chunk", re.IGNORECASE)
+_TK_ACCUMULATE = "or `with tk.accumulate(n, optimizer):`, which divides by the micro-batches actually in each window"
 
 
 def _count(loop: ast.AST) -> Optional[str]:
@@ -127,17 +130,55 @@ def _count(loop: ast.AST) -> Optional[str]:
     return None
 
 
+def _named_micro(loop: ast.AST) -> bool:
+    """Whether a ``for`` loop says it goes over micro-batches: its target or what it iterates over
+    mentions ``micro``, ``accum`` or ``chunk``."""
+    if not isinstance(loop, (ast.For, ast.AsyncFor)):
+        return False
+    return any(_MICRO_RE.search(n) for part in (loop.target, loop.iter) for n in names_in(part))
+
+
+def _unwiped(ctx: FileContext) -> Iterator[MicroLoop]:
+    """The micro-batch loops with no ``zero_grad()`` wiping their sum (TK103's finding comes first)."""
+    wiped = {id(micro.inner) for _, micro in micro_loop_wipes(ctx)}
+    return (micro for micro in micro_loops(ctx) if id(micro.inner) not in wiped)
+
+
+def late_hits(ctx: FileContext) -> Iterator[Hit]:
+    """TK101's findings in micro-batch loops: ``loss.backward(); loss = loss / n`` at each iteration of
+    an inner loop whose backwards add up into the step after it. The loop must say it goes over
+    micro-batches (as for TK102), or the divisor be its count (``for _ in range(n)`` and ``/ n``):
+    dividing a task's loss after its backward may be for logging only."""
+    for micro in _unwiped(ctx):
+        inner = micro.inner
+        count = _count(inner.node)
+        for call in inner.backward_calls:
+            name = loss_of(inner, call)
+            if normalised_before(inner, call, name):
+                continue  # dividing again afterwards (for logging) is harmless
+            late = late_normalisation(inner, call, name)
+            if late is None:
+                continue
+            by = divisor(late, ctx.reciprocal_names)
+            by = through_reciprocal_name(ctx, by) if by is not None else None
+            if not _named_micro(inner.node) and (count is None or by is None or ast.unparse(by) != count):
+                continue
+            yield Hit(
+                late,
+                f"`{ast.unparse(late)}` divides `{name}` after `{ast.unparse(call)}` on line {call.lineno}: the "
+                f"gradients of the micro-batch loop (line {inner.node.lineno}), summed into the step (line "
+                f"{micro.step.lineno}), were already computed from the undivided loss",
+                f"move `{ast.unparse(late)}` before `{ast.unparse(call)}`; {_TK_ACCUMULATE}",
+            )
+
+
 def unnormalised_hits(ctx: FileContext) -> Iterator[Hit]:
     """TK102's findings in micro-batch loops: named as such (the target or what it iterates over says
     ``micro``, ``accum`` or ``chunk``; a loop over task losses may mean them to add up), with a
     backward whose loss is never divided, and no wiping ``zero_grad()`` (TK103's finding first)."""
-    wiped = {id(micro.inner) for _, micro in micro_loop_wipes(ctx)}
-    for micro in micro_loops(ctx):
+    for micro in _unwiped(ctx):
         inner = micro.inner
-        if id(inner) in wiped or not isinstance(inner.node, (ast.For, ast.AsyncFor)):
-            continue
-        if not any(_MICRO_RE.search(n) for n in names_in(inner.node.target)) and not any(
-                _MICRO_RE.search(n) for n in names_in(inner.node.iter)):
+        if not _named_micro(inner.node):
             continue
         count = _count(inner.node)
         for call in inner.backward_calls:
@@ -153,6 +194,5 @@ def unnormalised_hits(ctx: FileContext) -> Iterator[Hit]:
                 f"`{ast.unparse(call)}` runs at every iteration of the micro-batch loop (line {inner.node.lineno}), "
                 f"whose gradients add up into the step (line {micro.step.lineno}), but `{shown}` is never divided: "
                 f"the update is {times}",
-                f"{by}; or `with tk.accumulate(n, optimizer):`, which divides by the micro-batches actually in "
-                "each window",
+                f"{by}; {_TK_ACCUMULATE}",
             )

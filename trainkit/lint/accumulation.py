@@ -13,7 +13,7 @@ from typing import Iterator, Optional
 from trainkit.lint._accumulating import (Accumulation, accumulating_loops, runs_with, stepped_by_another,
                                          tk_accumulate_with)
 from trainkit.lint._core import FileContext, TrainingLoop
-from trainkit.lint._micro_loops import unnormalised_hits, wipe_hits
+from trainkit.lint._micro_loops import late_hits, unnormalised_hits, wipe_hits
 from trainkit.lint._nodes import dotted, method_name, pos, receiver
 from trainkit.lint._loss import (backward_operand, divisor, late_normalisation, loss_of, normalisations_before,
                                  normalised_before, through_reciprocal_name)
@@ -45,6 +45,7 @@ def check_late_normalisation(ctx: FileContext) -> Iterator[Hit]:
                     "undivided loss",
                     f"move `{ast.unparse(late)}` before `{ast.unparse(call)}`; {_TK_ACCUMULATE}",
                 )
+    yield from late_hits(ctx)  # `for micro in range(n): loss.backward(); loss /= n`, then the step
 
 
 @rule(
