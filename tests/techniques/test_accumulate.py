@@ -465,3 +465,45 @@ def test_acc_stepped_after_a_window_whose_amp_step_was_skipped():
     # the skipped window ended all the same: a scheduler steps there, as in a plain AMP loop
     assert seen == [(True, False), (False, True), (True, False), (True, True)]
     assert acc.steps == 1 and amp.skipped == 1
+
+
+@pytest.mark.parametrize("n_batches", [9, 10])
+def test_acc_stepped_after_the_block_says_whether_its_exit_stepped_a_short_last_window(n_batches):
+    """A block per epoch (as accelerate syncs at the end of each pass): after the block,
+    ``if acc.stepped: scheduler.step()`` steps the scheduler for the exit's step of a short last
+    window, and only then. Before, ``acc.stepped`` kept the last call's answer, True also when the
+    last window was full and the exit did not step: the scheduler stepped twice for one update."""
+    data = batches([5] * n_batches)
+    windows = [data[i:i + 3] for i in range(0, len(data), 3)] * 2  # two epochs
+    ref = model64()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=1, gamma=0.5)
+    base = copy.deepcopy(ref)
+    for window in windows:
+        ref_opt.zero_grad()
+        for x, y in window:
+            torch.nn.functional.mse_loss(ref(x), y).backward()
+        for p in ref.parameters():
+            p.grad /= len(window)
+        ref_opt.step()
+        ref_sched.step()
+
+    m = base
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    after = []
+    for epoch in range(2):
+        with tk.accumulate(3, opt) as acc:
+            for x, y in data:
+                torch.nn.functional.mse_loss(m(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                if acc.stepped:
+                    sched.step()
+        after.append(acc.stepped)
+        if acc.stepped:  # the exit stepped a short last window
+            sched.step()
+    assert after == [n_batches % 3 != 0] * 2
+    assert sched.last_epoch == ref_sched.last_epoch == len(windows)
+    assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"]
+    assert max_rel_err(m, ref) < 1e-10

@@ -57,6 +57,8 @@ class Accumulator:
         stepped: whether the last ``optimizer.step()`` (or ``amp.step``) call ended a window (it
             stepped, or GradScaler skipped the step for an inf/nan gradient): where a per-step
             LR scheduler steps, ``if acc.stepped: scheduler.step()``, not at every micro-batch.
+            After the block, whether its exit stepped a short last window (False when the last
+            window was full): ``if acc.stepped: scheduler.step()`` after it steps for that one.
     """
 
     def __init__(self, n: int, optimizer: Any, model: Any, normalize: Normalize,
@@ -213,7 +215,12 @@ class Accumulator:
         dp.set_sync(self.model, self._sync)  # the module torch.compile wrapped, if it is one
 
     def flush(self) -> None:
-        """Step once for a partial last window (at least one micro-batch with gradients)."""
+        """Step once for a partial last window (at least one micro-batch with gradients).
+
+        After it ``stepped`` says whether this exit's step ended a window (True) or none was open
+        (False), so that ``if acc.stepped: scheduler.step()`` after the block steps a per-step
+        scheduler for the short last window, and only for it."""
+        self.stepped = False
         if self.micro_batches == 0:
             return
         if self._unsynced and dp.is_fsdp2(self.model):
