@@ -21,7 +21,7 @@ import ast
 from functools import cached_property
 from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Tuple
 
-from trainkit.lint._exits import as_exit, leaves_rare, polarity
+from trainkit.lint._exits import TRY_STATEMENTS, as_exit, leaves_rare, polarity
 from trainkit.lint._nodes import dotted, find_modulo, is_device_check, pos
 
 if TYPE_CHECKING:
@@ -82,9 +82,13 @@ class Branching:
 
     @cached_property
     def _blocks(self) -> List[List[ast.stmt]]:
-        """Every statement list of the iteration: the loop's body and each nested block."""
+        """Every statement list of the iteration: the loop's body and each nested block. A ``try``'s
+        ``else`` runs after its body, so the two are one block: an exit in the body guards the ``else``."""
         blocks: List[List[ast.stmt]] = [self.node.body]
         for n in self.region:
+            if isinstance(n, TRY_STATEMENTS):
+                blocks += [n.body + n.orelse, n.finalbody]  # type: ignore[attr-defined]
+                continue
             for field in ("body", "orelse", "finalbody"):
                 block = getattr(n, field, None)
                 if isinstance(block, list):

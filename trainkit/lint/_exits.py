@@ -2,7 +2,9 @@
 
 ``if c: ...; continue`` is the plain shape (the rest of the block runs where ``c`` is false).
 Also an exit: ``break`` and ``return`` in place of ``continue``, an exit nested in an inner
-``if`` (``if warm: if (i + 1) % n != 0: continue``), and an ``elif`` chain. :func:`exit_condition`
+``if`` (``if warm: if (i + 1) % n != 0: continue``), an ``elif`` chain, and an exit in a ``with``
+block, a ``try`` body or a ``match`` case (read as an ``if`` chain); not one in a nested loop
+(it ends that loop) or in an ``except`` handler (taken only on an exception). :func:`exit_condition`
 gives the condition under which a statement ends the iteration, built as an expression from
 the statement's own tests (``warm and (i + 1) % n != 0``), so the code that reads ``if`` tests
 (named tests, ``%``, De Morgan) reads it too.
@@ -15,7 +17,7 @@ test picks out (the exit is taken on the others): ``if warm: if i % n != 0: cont
 from __future__ import annotations
 
 import ast
-from typing import List, Optional, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 _EXIT_STATEMENTS = (ast.Continue, ast.Break, ast.Return)
 
@@ -52,31 +54,88 @@ def block_exit(block: List[ast.stmt]) -> Condition:
     return _join(ast.Or(), found) if found else None
 
 
+TRY_STATEMENTS: Tuple[type, ...] = (ast.Try, ast.TryStar) if hasattr(ast, "TryStar") else (ast.Try,)
+_MATCH: Tuple[type, ...] = (ast.Match,) if hasattr(ast, "Match") else ()
+
+
 def exit_condition(stmt: ast.AST) -> Condition:
     """When ``stmt`` ends the loop's iteration (``continue``, ``break`` or ``return``).
 
-    ``if``, ``elif`` and ``with`` blocks are followed; an exit inside a nested loop, a
-    ``try`` or a ``match`` is not (the first two belong to or may be caught by something
-    else, and the conditions of the last are not ``if`` tests).
+    ``if``/``elif`` and ``with`` blocks are followed, a ``try`` on its path without an exception
+    (its body, ``else`` and ``finally`` in turn; an exit in an ``except`` handler is taken only on
+    an exception, like a data filter's), and a ``match`` whose patterns read as tests (see
+    :func:`_match_exit`). An exit inside a nested loop is not: its ``continue`` and ``break`` end
+    only that loop, and whether a ``return`` there is taken depends on that loop's iterations.
     """
     if isinstance(stmt, _EXIT_STATEMENTS):
         return ALWAYS
     if isinstance(stmt, (ast.With, ast.AsyncWith)):
         return block_exit(stmt.body)
+    if isinstance(stmt, TRY_STATEMENTS):
+        return block_exit(stmt.body + stmt.orelse + stmt.finalbody)
+    if _MATCH and isinstance(stmt, _MATCH):
+        return _match_exit(stmt)
     if not isinstance(stmt, ast.If):
         return None
-    body, orelse = block_exit(stmt.body), block_exit(stmt.orelse)
-    if body is None and orelse is None:
-        return None
-    if body is ALWAYS and orelse is ALWAYS:
+    return _either(((stmt.test, block_exit(stmt.body)), (_not(stmt.test), block_exit(stmt.orelse))))
+
+
+def _either(sides: Sequence[Tuple[Optional[ast.expr], Condition]]) -> Condition:
+    """The exit of branches taken where their tests hold (None: always taken), each ending the
+    iteration under its own condition; ``ALWAYS`` when every one always exits."""
+    if all(cond is ALWAYS for _, cond in sides):
         return ALWAYS
-    sides: List[ast.expr] = []
-    for cond, test in ((body, stmt.test), (orelse, _not(stmt.test))):
-        if cond is ALWAYS:
-            sides.append(test)
-        elif cond is not None:
-            sides.append(_join(ast.And(), [test, cond]))  # type: ignore[list-item]
-    return _join(ast.Or(), sides)
+    found: List[ast.expr] = []
+    for test, cond in sides:
+        parts = [test] if test is not None else []
+        if cond is not ALWAYS and cond is not None:
+            parts.append(cond)  # type: ignore[arg-type]
+        if cond is not None:
+            if not parts:
+                return ALWAYS  # a branch taken always, that always exits
+            found.append(_join(ast.And(), parts))  # type: ignore[arg-type]
+    return _join(ast.Or(), found) if found else None
+
+
+def _pattern_test(subject: ast.expr, pattern: ast.AST) -> Union[None, bool, ast.expr]:
+    """``subject == 3`` for ``case 3:``, True for one that matches anything (``case _:``,
+    ``case x:``), None for a pattern that is no plain test (a class, sequence or mapping)."""
+    if isinstance(pattern, ast.MatchValue):
+        return ast.copy_location(ast.Compare(left=subject, ops=[ast.Eq()], comparators=[pattern.value]), pattern)
+    if isinstance(pattern, ast.MatchSingleton):
+        value = ast.copy_location(ast.Constant(value=pattern.value), pattern)
+        return ast.copy_location(ast.Compare(left=subject, ops=[ast.Is()], comparators=[value]), pattern)
+    if isinstance(pattern, ast.MatchAs):
+        return True if pattern.pattern is None else _pattern_test(subject, pattern.pattern)
+    if isinstance(pattern, ast.MatchOr):
+        tests = [_pattern_test(subject, p) for p in pattern.patterns]
+        if any(t is None for t in tests):
+            return None
+        if any(t is True for t in tests):
+            return True
+        return _join(ast.Or(), tests)  # type: ignore[arg-type]
+    return None
+
+
+def _match_exit(stmt: ast.AST) -> Condition:
+    """A ``match`` read as an ``if``/``elif`` chain: ``case 0:`` tests ``subject == 0`` (its guard
+    added with ``and``), each case on the earlier ones failing. The cases from one whose pattern is
+    no plain test (``case Point(x=0):``) on are not followed."""
+    sides: List[Tuple[Optional[ast.expr], Condition]] = []
+    earlier: List[ast.expr] = []
+    for case in stmt.cases:  # type: ignore[attr-defined]
+        test = _pattern_test(stmt.subject, case.pattern)  # type: ignore[attr-defined]
+        if test is None:
+            break
+        tests = [t for t in (test, case.guard) if t is not None and t is not True]  # type: ignore[attr-defined]
+        here = _join(ast.And(), tests) if tests else None  # None: the case matches anything
+        parts = [_not(e) for e in earlier] + ([here] if here is not None else [])
+        sides.append((_join(ast.And(), parts) if parts else None, block_exit(case.body)))
+        if here is None:
+            return _either(sides)  # irrefutable: later cases are never reached
+        earlier.append(here)
+    sides.append((None, None))  # no case taken (or one not followed): no exit
+    return _either(sides)
 
 
 def plain_side(stmt: ast.If, cond: ast.expr) -> Optional[str]:
@@ -89,7 +148,7 @@ def plain_side(stmt: ast.If, cond: ast.expr) -> Optional[str]:
     return None
 
 
-def synthetic_exit(stmt: ast.If, cond: ast.expr) -> ast.If:
+def synthetic_exit(stmt: ast.stmt, cond: ast.expr) -> ast.If:
     """``if cond: continue`` at ``stmt``'s place: the exit of a nested shape, as one ``if``."""
     exit_if = ast.If(test=cond, body=[ast.Continue()], orelse=[])
     return ast.copy_location(exit_if, stmt)
@@ -139,18 +198,37 @@ def exit_side(stmt: ast.AST) -> Optional[str]:
 def as_exit(stmt: ast.AST) -> Optional[Exit]:
     """The early exit ``stmt`` makes, as an ``if`` whose one side the rest of its block runs on.
 
-    The plain shapes are ``stmt`` itself; a nested one is a new ``if <condition>: continue``
-    standing in for it (with ``stmt``'s position).
+    The plain shapes are ``stmt`` itself; a nested one (also in a ``with``, ``try`` or ``match``)
+    is a new ``if <condition>: continue`` standing in for it (with ``stmt``'s position).
     """
-    if not isinstance(stmt, ast.If):
+    if not isinstance(stmt, (ast.If, ast.With, ast.AsyncWith) + TRY_STATEMENTS + _MATCH):
         return None
     cond = exit_condition(stmt)
     if cond is None or cond is ALWAYS:
         return None
-    side = plain_side(stmt, cond)  # type: ignore[arg-type]
-    if side is not None:
-        return stmt, side
+    found = _plain_exit(stmt, cond)  # type: ignore[arg-type]
+    if found is not None:
+        return found
     return synthetic_exit(stmt, cond), "orelse"  # type: ignore[arg-type]
+
+
+def _plain_exit(stmt: ast.stmt, cond: ast.expr) -> Optional[Exit]:
+    """``(if, side)`` for the plain ``if c: continue`` (or ``if c: ... else: continue``) whose test is
+    ``cond``: ``stmt`` itself, or one inside its ``with`` or ``try`` blocks, which pass it on as it is."""
+    stack: List[ast.stmt] = [stmt]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If):
+            side = plain_side(node, cond)
+            if side is not None:
+                return node, side
+            if node is stmt:
+                return None  # an `if` passes on only a test of its own
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            stack.extend(node.body)
+        elif isinstance(node, TRY_STATEMENTS):
+            stack.extend(node.body + node.orelse + node.finalbody)  # type: ignore[attr-defined]
+    return None
 
 
 def polarity(test: ast.expr) -> Tuple[str, bool]:
