@@ -87,12 +87,21 @@ def main() -> None:
     a = ap.parse_args()
     if a.child:
         return child(a.child, a.B, a.n, a.cuda)
+    if a.cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            ap.error("--cuda: torch sees no CUDA device here; run it on a GPU machine, or drop "
+                     "--cuda for the CPU")
     peaks = {}
     for variant in ("single", "loop", "accumulate", "big"):
         cmd = [sys.executable, __file__, "--child", variant, "--B", str(a.B), "--n", str(a.n)]
-        out = subprocess.run(cmd + (["--cuda"] if a.cuda else []), check=True,
-                             capture_output=True, text=True).stdout
-        peaks[variant] = json.loads(out.strip().splitlines()[-1])["peak_bytes"]
+        # the child's stderr goes where ours does: a failing variant says why (an OOM, say)
+        out = subprocess.run(cmd + (["--cuda"] if a.cuda else []), stdout=subprocess.PIPE,
+                             text=True)
+        if out.returncode != 0:
+            sys.exit(f"variant {variant!r} failed (exit status {out.returncode}); its stderr is above")
+        peaks[variant] = json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"]
     where = "CUDA max_memory_allocated" if a.cuda else "CPU peak RSS delta"
     print(f"{where}; MLP {DEPTH}x{WIDTH}, B={a.B}, n={a.n}")
     for variant, label in (("single", f"one step, batch B={a.B}"),
