@@ -10,7 +10,8 @@ function, lambda or class bodies (a ``def closure():`` is only *called* by
 ``optimizer.step(closure)``, so it is not analysed as part of the loop) and not
 a nested loop that is itself a training loop (that one is analysed on its own,
 so an epoch loop around a batch loop reports each mistake once, at the batch
-loop).
+loop). A function defined in a loop's body and called there, as timm's ``_backward(loss)``, is
+inlined at its calls first (:mod:`trainkit.lint._inline`).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing import Dict, FrozenSet, Iterator, List, Optional, Set, Tuple, Union
 
 from trainkit.lint._calls import calls_step_function, step_function_names
 from trainkit.lint._conditions import Branching
+from trainkit.lint._inline import inline_loop_functions
 from trainkit.lint._nodes import dotted, is_reciprocal, method_name, pos, receiver
 
 LoopNode = Union[ast.For, ast.AsyncFor, ast.While]
@@ -54,6 +56,7 @@ class FileContext:
     def __init__(self, path: str, source: str, tree: ast.Module) -> None:
         self.path = path
         self.source = source
+        inline_loop_functions(tree)  # timm's `def _backward(loss): ...` in the loop body, read at its calls
         self.tree = tree
         self.parents: Dict[ast.AST, ast.AST] = {}
         # One walk, reused by every rule: walking big files is most of the cost.

@@ -101,6 +101,9 @@ def names_in(node: ast.AST) -> Iterator[str]:
             yield sub.attr
 
 
-def pos(node: ast.AST) -> Tuple[int, int]:
-    """Source position used to order statements inside one loop iteration."""
-    return (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
+def pos(node: ast.AST) -> Tuple[int, ...]:
+    """Source position used to order statements inside one loop iteration. The copy of a function's
+    body inlined at its call (see :mod:`trainkit.lint._inline`) comes at the call, in its own order."""
+    here = (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
+    at = getattr(node, "inlined_at", None)
+    return at + here if at is not None else here
