@@ -130,3 +130,20 @@ def test_a_one_cycle_schedule_over_len_loader_inside_tk_accumulate_is_not_report
                 scheduler.step()
     """
     assert _pairs(src) == []
+
+
+def test_a_size_bound_with_an_annotation_or_by_unpacking_is_followed() -> None:
+    # `total: int = ...`, `total, warm = ..., ...` and `scheduler: LRScheduler = ...` were not read as
+    # assignments: the size was unknown, and the schedule reported as running `accum` times too fast
+    line = "    total = epochs * (len(dataset) // batch_size)\n"
+    annotated = HW7_SHAPE.replace(line, "    total: int = epochs * (len(dataset) // batch_size)\n")
+    unpacked = HW7_SHAPE.replace(line, "    total, warm = epochs * (len(dataset) // batch_size), 100\n")
+    typed = HW7_SHAPE.replace("    scheduler = get_", "    scheduler: LambdaLR = get_")
+    for src in (annotated, unpacked, typed):
+        assert src != HW7_SHAPE
+        assert _pairs(src) == [], src
+    # sized in updates, however it is bound: still reported
+    updates = annotated.replace("(len(dataset) // batch_size)", "math.ceil(len(loader) / accum)")
+    assert updates != annotated and _pairs(updates) == [("TK109", 11)]
+    updates = unpacked.replace("(len(dataset) // batch_size)", "math.ceil(len(loader) / accum)")
+    assert updates != unpacked and _pairs(updates) == [("TK109", 11)]

@@ -68,14 +68,25 @@ class FileContext:
 
     @cached_property
     def assignments(self) -> Dict[str, List[ast.expr]]:
-        """Every dotted name assigned in the file (``x = ...``, ``self.x = ...``) -> its values."""
+        """Every dotted name assigned in the file (``x = ...``, ``self.x = ...``, ``x: int = ...``, and
+        ``a, b = x, y`` element by element) -> its values."""
         out: Dict[str, List[ast.expr]] = {}
         for node in self.nodes:
             if isinstance(node, ast.Assign):
-                for target in node.targets:
-                    name = dotted(target)
-                    if name is not None:
-                        out.setdefault(name, []).append(node.value)
+                pairs = [(target, node.value) for target in node.targets]
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                pairs = [(node.target, node.value)]
+            else:
+                continue
+            while pairs:
+                target, value = pairs.pop()
+                if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) and len(
+                        target.elts) == len(value.elts) and not any(isinstance(e, ast.Starred) for e in target.elts):
+                    pairs.extend(zip(target.elts, value.elts))
+                    continue
+                name = dotted(target)
+                if name is not None:
+                    out.setdefault(name, []).append(value)
         return out
 
     # -- imports ------------------------------------------------------------

@@ -23,10 +23,9 @@ _NOT_SIZES = frozenset({"optimizer", "last_epoch", "verbose", "anneal_strategy",
 
 
 def _constructors(ctx: FileContext, name: str) -> List[ast.Call]:
-    """The calls assigned to ``name`` in the file: ``scheduler = get_linear_schedule_with_warmup(...)``."""
-    return [node.value for node in ctx.nodes
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
-            and any(dotted(t) == name for t in node.targets)]
+    """The calls assigned to ``name`` in the file: ``scheduler = get_linear_schedule_with_warmup(...)``
+    (also ``scheduler: LRScheduler = ...``)."""
+    return [value for value in ctx.assignments.get(name, ()) if isinstance(value, ast.Call)]
 
 
 def _expanded(expr: ast.expr, values: Dict[str, List[ast.expr]], depth: int = 0) -> List[ast.AST]:
