@@ -63,36 +63,26 @@ def test_an_exit_in_a_try_body_with_a_zero_based_index_is_a_first_window_of_one(
     assert _pairs(src) == [("TK108", 7)]
 
 
-def test_an_exit_in_a_try_body_guards_its_else_block() -> None:
-    src = """
-    def fit(net, batches, opt, crit, k):
-        for j, (a, b) in enumerate(batches):
-            try:
-                crit(net(a), b).backward()
-                if (j + 1) % k != 0:
-                    continue
-            except ValueError:
+TRY_THEN = """
+def fit(net, batches, opt, crit, k):
+    for j, (a, b) in enumerate(batches):
+        try:
+            crit(net(a), b).backward()
+            if (j + 1) % k != 0:
                 continue
-            else:
-                opt.step()
-                opt.zero_grad()
-    """
+        BLOCK
+            opt.step()
+            opt.zero_grad()
+"""
+
+
+def test_an_exit_in_a_try_body_guards_its_else_block() -> None:
+    src = _swap(TRY_THEN, "        BLOCK\n", "        except ValueError:\n            continue\n        else:\n")
     assert _pairs(src) == [("TK102", 5)]
 
 
 def test_a_step_in_finally_runs_after_the_exit_too() -> None:
-    src = """
-    def fit(net, batches, opt, crit, k):
-        for j, (a, b) in enumerate(batches):
-            try:
-                crit(net(a), b).backward()
-                if (j + 1) % k != 0:
-                    continue
-            finally:
-                opt.step()
-                opt.zero_grad()
-    """
-    assert _pairs(src) == []
+    assert _pairs(_swap(TRY_THEN, "BLOCK", "finally:")) == []
 
 
 def test_an_exit_in_an_except_handler_is_taken_only_on_an_exception() -> None:

@@ -148,17 +148,7 @@ def test_a_divided_loss_or_a_loop_over_task_losses_is_clean() -> None:
 
 # --------------------------------------------------------------------------- TK101
 
-LATE_IN_MICRO = """
-def fit(net, next_batch, opt, accum_micro, total):
-    for it in range(total):
-        for micro in range(accum_micro):
-            a, b = next_batch()
-            out = net(a, b)
-            out.backward()
-            out = out / accum_micro
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-"""
+LATE_IN_MICRO = MICRO_STEPS.replace("            out.backward()\n", "            out.backward()\n            out = out / accum_micro\n")
 
 
 def test_a_loss_divided_after_its_backward_in_a_micro_batch_loop_is_found() -> None:
