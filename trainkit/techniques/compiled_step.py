@@ -31,6 +31,7 @@ from .._optcalls import uncounted
 from ..recorder import COMPILE_RECOMPILES, COMPILE_SECONDS
 from ._hyper import HyperTensors
 from ._state_keeper import keep_state_tensors, release_state_tensors
+from ._zero_lr import held_at_zero_lr, put_back
 
 Mode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 #: Calls that may compile without a warning: the first step creates the optimizer's state,
@@ -137,12 +138,16 @@ class _Compiled:
         frames0, fails0 = _dynamo_marks()
         t0 = time.perf_counter()
         expected = False
+        held: List[Tuple[Any, Any]] = []  # Adam/AdamW at lr 0: what NaN the step leaves (_zero_lr)
         try:
             for opt in self.optimizers():
+                held.extend(held_at_zero_lr(opt))
                 hyper = self._hyper_for(opt)
                 saved.extend(hyper.swap_in())
                 expected = expected or hyper.expect_compile
-            return self.compiled(*args, **kwargs)
+            out = self.compiled(*args, **kwargs)
+            put_back(held)
+            return out
         finally:
             HyperTensors.restore(saved)
             self.calls += 1
