@@ -35,6 +35,18 @@ def _device(device: Any) -> Any:
                          f"'cuda', 'cuda:0', 'cpu' or 'mps'") from None
 
 
+_MODULE: Any = None
+
+
+def _module_type() -> Any:
+    global _MODULE
+    if _MODULE is None:
+        import torch
+
+        _MODULE = torch.nn.Module
+    return _MODULE
+
+
 def _move(obj: Any, device: Any, non_blocking: Optional[bool], acc: list) -> Any:
     """``obj`` with its tensors on ``device``; ``acc`` adds up [bytes from the host, pinned ones].
 
@@ -210,6 +222,11 @@ def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> 
         # Timing them would break the graph around every copy, and recording from inside it
         # crashed dynamo (the buffer the writer thread empties); time the compiled call instead.
         return _move_traced(obj, dev, non_blocking)
+    if isinstance(obj, _module_type()):  # not in traced code: a global read is a guard
+        raise TypeError(f"to_device({type(obj).__name__}(...), ...): a model; tk.to_device moves "
+                        f"batches (tensors in tuples, lists, dicts, dataclasses) and would return "
+                        f"the model where it is. Move it once with model.to(device), before "
+                        f"creating the optimizer")
     if dev.type == "cuda":
         import torch
 
