@@ -80,13 +80,22 @@ def test_overrides_refuses_non_mapping():
             pass
 
 
-def test_import_is_cheap():
-    code = ("import sys, trainkit; heavy = [m for m in ('torch', 'tensorboard', 'matplotlib', 'rich', "
-            "'numpy', 'psutil') if m in sys.modules]; print(heavy)")
+@pytest.mark.parametrize("crc32c", ["as installed", "missing"])
+def test_import_is_cheap(crc32c):
+    # "missing": google-crc32c absent (a `pip install --no-deps`, as on the GPU machine); the
+    # writer's CRC then comes from tensorboard, imported at the first CRC, not at import.
+    block = "sys.modules['google_crc32c'] = None; " if crc32c == "missing" else ""
+    code = ("import sys; " + block + "import trainkit; heavy = [m for m in ('torch', 'tensorboard', "
+            "'matplotlib', 'rich', 'numpy', 'psutil') if m in sys.modules]; print(heavy); "
+            "from trainkit.sinks.tensorboard import masked_crc32c; print(masked_crc32c(b'trainkit'))")
     out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True,
                          cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    heavy, crc = out.stdout.split()
+    assert heavy == "[]"
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    assert int(crc) == masked_crc32c(b"trainkit")
 
 
 def _cli(*args, cwd=REPO, timeout=120):

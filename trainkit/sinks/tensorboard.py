@@ -20,7 +20,14 @@ try:  # the fast path: a C implementation
     from google_crc32c import value as _crc32c
 
 except ImportError:  # pragma: no cover - exercised on machines without the wheel
-    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c as _crc32c
+    def _crc32c(data: bytes) -> int:
+        # tensorboard's, imported at the first CRC (it imports tensorboard and numpy, which
+        # `import trainkit` must not); it then replaces this function
+        global _crc32c
+        from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c
+
+        _crc32c = crc32c
+        return crc32c(data)
 
 
 _pack_len = struct.Struct("<Q").pack
