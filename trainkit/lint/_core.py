@@ -56,11 +56,12 @@ class FileContext:
     def __init__(self, path: str, source: str, tree: ast.Module) -> None:
         self.path = path
         self.source = source
-        inline_loop_functions(tree)  # timm's `def _backward(loss): ...` in the loop body, read at its calls
         self.tree = tree
         self.parents: Dict[ast.AST, ast.AST] = {}
         # One walk, reused by every rule: walking big files is most of the cost.
         self.nodes: List[ast.AST] = list(ast.walk(tree))
+        if inline_loop_functions(tree, self.nodes):  # timm's `def _backward(loss): ...` in a loop body
+            self.nodes = list(ast.walk(tree))
         for parent in self.nodes:
             for child in ast.iter_child_nodes(parent):
                 self.parents[child] = parent

@@ -27,12 +27,15 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _NOT_INLINED = (ast.Yield, ast.YieldFrom, ast.Await, ast.Global, ast.Nonlocal)
 
 
-def inline_loop_functions(tree: ast.Module) -> None:
-    """Replace each call of a function defined in a loop's body by a copy of its body (see the module)."""
-    candidates = [(loop, stmt) for loop in ast.walk(tree) if isinstance(loop, _LOOPS)
+def inline_loop_functions(tree: ast.Module, nodes: List[ast.AST]) -> bool:
+    """Replace each call of a function defined in a loop's body by a copy of its body (see the module).
+
+    ``nodes`` are the tree's nodes (one walk, shared with the caller); True when the tree changed.
+    """
+    candidates = [(loop, stmt) for loop in nodes if isinstance(loop, _LOOPS)
                   for stmt in loop.body if isinstance(stmt, ast.FunctionDef) and not stmt.decorator_list]
     if not candidates:
-        return
+        return False
     wanted = {func.name for _, func in candidates}
     parents: Dict[ast.AST, ast.AST] = {}
     named: Dict[str, List[ast.AST]] = {}  # each use or definition of a candidate's name
@@ -42,8 +45,7 @@ def inline_loop_functions(tree: ast.Module) -> None:
         name = parent.id if isinstance(parent, ast.Name) else getattr(parent, "name", None)
         if name in wanted and isinstance(parent, (ast.Name,) + _SCOPES):
             named.setdefault(name, []).append(parent)
-    for loop, func in candidates:
-        _inline(parents, named[func.name], loop, func)
+    return sum(_inline(parents, named[func.name], loop, func) for loop, func in candidates) > 0
 
 
 def _own_nodes(body: List[ast.stmt]) -> List[ast.AST]:
@@ -139,10 +141,10 @@ def _within(parents: Dict[ast.AST, ast.AST], node: ast.AST, scope: ast.AST) -> b
     return current is scope
 
 
-def _inline(parents: Dict[ast.AST, ast.AST], named: List[ast.AST], loop: ast.AST, func: ast.FunctionDef) -> None:
+def _inline(parents: Dict[ast.AST, ast.AST], named: List[ast.AST], loop: ast.AST, func: ast.FunctionDef) -> bool:
     """Inline ``func`` at each of its calls, when it and every use of its name (in ``named``) are plain."""
     if not _inlinable(func):
-        return
+        return False
     scope = _scope_of(parents, loop)
     sites: List[ast.stmt] = []
     for node in named:
@@ -150,20 +152,21 @@ def _inline(parents: Dict[ast.AST, ast.AST], named: List[ast.AST], loop: ast.AST
             continue
         site = _call_site(parents, loop, func, node) if isinstance(node, ast.Name) else None
         if site is None:
-            return  # used in another way (passed on, called elsewhere), or defined again
+            return False  # used in another way (passed on, called elsewhere), or defined again
         sites.append(site)
     if not sites:
-        return
+        return False
     stored = {n.id for n in _own_nodes(func.body) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
     bindings = []
     for site in sites:
         bound = _bind(func, site.value)  # type: ignore[attr-defined, arg-type]
         if bound is None or any(p in stored and not isinstance(v, ast.Name) for p, v in bound.items()):
-            return
+            return False
         bindings.append(bound)
     for site, bound in zip(sites, bindings):
         _replace(parents, site, _copy_body(func, site, bound))
     loop.body.remove(func)  # type: ignore[attr-defined]
+    return True
 
 
 def _copy_body(func: ast.FunctionDef, site: ast.stmt, bound: Dict[str, ast.expr]) -> List[ast.stmt]:
