@@ -568,3 +568,18 @@ def test_ignore_comment_on_the_first_or_last_line_of_a_multi_line_call() -> None
         )  # trainkit: ignore[TK101]
     """
     assert _pairs(src) == [("TK302", 13)]
+
+
+def test_optimizers_built_by_unpacking_a_tuple_are_known_by_construction() -> None:
+    # `gen` and `disc` are no optimizers' names: only their constructors say so
+    src = """
+    import torch
+    def train(g_net, d_net, loader, n):
+        gen, disc = torch.optim.Adam(g_net.parameters()), torch.optim.Adam(d_net.parameters())
+        for i, x in enumerate(loader):
+            g_net.loss(d_net, x).backward()
+            if (i + 1) % n == 0:
+                gen.step()
+                gen.zero_grad()
+    """
+    assert _pairs(src) == [("TK102", 6)]

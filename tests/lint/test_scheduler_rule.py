@@ -322,3 +322,21 @@ def test_tk_accumulate_clean_cases_have_no_findings() -> None:
 def test_scheduler_finding_can_be_silenced() -> None:
     source = AFTER_THE_IF.replace("        scheduler.step()\n", "        scheduler.step()  # trainkit: ignore[TK109]\n")
     assert _pairs(source) == []
+
+
+def test_a_scheduler_built_with_an_annotation_is_known_by_construction() -> None:
+    # `warm` is no scheduler's name: only its constructor says so, once read through `x: T = ...` too
+    src = """
+    import torch
+
+    def train(model, loader, optimizer, accum_steps, ramp):
+        warm: torch.optim.lr_scheduler.LambdaLR = torch.optim.lr_scheduler.LambdaLR(optimizer, ramp)
+        for i, (x, y) in enumerate(loader):
+            loss = model(x, y) / accum_steps
+            loss.backward()
+            if (i + 1) % accum_steps == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+            warm.step()
+    """
+    assert _pairs(src) == [("TK109", 12)]

@@ -148,13 +148,9 @@ class FileContext:
     # -- names of things ----------------------------------------------------
 
     def _assigned_from(self, wanted: "re.Pattern[str]") -> Set[str]:
-        """Names assigned from a call whose qualified name matches ``wanted``."""
-        found: Set[str] = set()
-        for node in self.nodes:
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-                if wanted.search(self.qualname(node.value.func) or ""):
-                    found.update(n for n in map(dotted, node.targets) if n)
-        return found
+        """Names assigned from a call whose qualified name matches ``wanted`` (see :attr:`assignments`)."""
+        return {name for name, values in self.assignments.items()
+                if any(isinstance(v, ast.Call) and wanted.search(self.qualname(v.func) or "") for v in values)}
 
     @cached_property
     def scaler_names(self) -> FrozenSet[str]:

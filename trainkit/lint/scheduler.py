@@ -50,18 +50,16 @@ def _built_schedulers(ctx: FileContext) -> Dict[str, Optional[str]]:
     """
     out: Dict[str, Optional[str]] = {}
     plateau: Set[str] = set()
-    for node in ctx.nodes:
-        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
-            continue
-        call = node.value
-        qual = ctx.qualname(call.func) or ""
-        targets = [n for n in map(dotted, node.targets) if n]
-        if _PLATEAU.search(qual):
-            plateau.update(targets)
-        elif _LR_SCHEDULER_CLASS.search(qual):
-            given = call.args[0] if call.args else next(
-                (k.value for k in call.keywords if k.arg == "optimizer"), None)
-            for name in targets:
+    for name, values in ctx.assignments.items():
+        for call in values:
+            if not isinstance(call, ast.Call):
+                continue
+            qual = ctx.qualname(call.func) or ""
+            if _PLATEAU.search(qual):
+                plateau.add(name)
+            elif _LR_SCHEDULER_CLASS.search(qual):
+                given = call.args[0] if call.args else next(
+                    (k.value for k in call.keywords if k.arg == "optimizer"), None)
                 out[name] = dotted(given) if given is not None else None
     for name in plateau:
         out.pop(name, None)
