@@ -63,6 +63,8 @@ def check_unnormalised_accumulation(ctx: FileContext) -> Iterator[Hit]:
             # A division after backward is TK101's finding: one mistake, one report.
             if normalised_before(loop, call, name) or late_normalisation(loop, call, name) is not None:
                 continue
+            if _divides_gradients(loop.region):
+                continue  # the gradients are divided by hand before the step: the mean all the same
             shown = name or ast.unparse(backward_operand(call) or call)
             head = (f"`{ast.unparse(call)}` accumulates gradients over `{every}` micro-batches "
                     f"(step on line {acc.step.lineno}) but `{shown}` is never divided")
@@ -82,6 +84,43 @@ def check_unnormalised_accumulation(ctx: FileContext) -> Iterator[Hit]:
                 f"{under} (dividing alone makes the update `{every}` times too small); {_TK_ACCUMULATE}",
             )
     yield from unnormalised_hits(ctx)  # `for micro_step in range(accum): loss.backward()`, then the step
+
+
+def _is_grad(node: ast.AST) -> bool:
+    """``x.grad`` or ``x.grad.data``."""
+    if isinstance(node, ast.Attribute) and node.attr == "data":
+        node = node.value
+    return isinstance(node, ast.Attribute) and node.attr == "grad"
+
+
+def _reciprocal(node: ast.AST) -> bool:
+    """``1 / n`` (``1.0 / n``): a multiplication by it is a division."""
+    return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
+            and isinstance(node.left, ast.Constant) and node.left.value == 1)
+
+
+def _divides_gradients(region: list) -> bool:
+    """Whether the loop's iteration divides gradients by hand (``p.grad /= n``,
+    ``p.grad.div_(n)``, ``p.grad.mul_(1 / n)``, ``p.grad = p.grad / n``,
+    ``torch._foreach_div_(grads, n)``): the step then sees a mean, the loss undivided. A
+    multiplication by anything but a reciprocal (a clip coefficient) is no division."""
+    for node in region:
+        if isinstance(node, ast.AugAssign) and _is_grad(node.target):
+            if isinstance(node.op, ast.Div) or (isinstance(node.op, ast.Mult) and _reciprocal(node.value)):
+                return True
+        elif isinstance(node, ast.Assign) and any(_is_grad(t) for t in node.targets):
+            v = node.value
+            if isinstance(v, ast.BinOp) and (isinstance(v.op, ast.Div)
+                                             or (isinstance(v.op, ast.Mult) and _reciprocal(v.right))):
+                return True
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            attr = node.func.attr
+            if attr == "_foreach_div_":
+                return True
+            if _is_grad(node.func.value) and node.args and (
+                    attr == "div_" or (attr == "mul_" and _reciprocal(node.args[0]))):
+                return True
+    return False
 
 
 def _wiping_zero_grads(ctx: FileContext, acc: Accumulation) -> Iterator[ast.Call]:
