@@ -326,17 +326,6 @@ def test_scheduler_finding_can_be_silenced() -> None:
 
 def test_a_scheduler_built_with_an_annotation_is_known_by_construction() -> None:
     # `warm` is no scheduler's name: only its constructor says so, once read through `x: T = ...` too
-    src = """
-    import torch
-
-    def train(model, loader, optimizer, accum_steps, ramp):
-        warm: torch.optim.lr_scheduler.LambdaLR = torch.optim.lr_scheduler.LambdaLR(optimizer, ramp)
-        for i, (x, y) in enumerate(loader):
-            loss = model(x, y) / accum_steps
-            loss.backward()
-            if (i + 1) % accum_steps == 0:
-                optimizer.step()
-                optimizer.zero_grad()
-            warm.step()
-    """
+    src = AFTER_THE_IF.replace("    scheduler = get_", "    warm: LambdaLR = get_").replace("scheduler.step()", "warm.step()")
+    assert "warm: LambdaLR" in src and "warm.step()" in src
     assert _pairs(src) == [("TK109", 12)]
