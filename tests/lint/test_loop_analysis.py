@@ -537,6 +537,26 @@ def test_host_sync_wording_in_a_script_that_never_mentions_cuda() -> None:
     assert "`loss.item()` waits for the GPU on every training step" in on_gpu.message
 
 
+def test_item_of_a_tensor_made_on_the_cpu_is_no_sync() -> None:
+    # A DQN's epsilon-greedy draw: torch.rand without device= makes a CPU tensor.
+    src = """
+    import torch
+    for t in range(total_steps):
+        if torch.rand(1).item() < eps:
+            action = torch.randint(0, 2, (1,), generator=g).item()
+        else:
+            action = policy(state)
+        state, loss = env_step(action)
+        loss.backward()
+        optimizer.step()
+    """
+    assert _pairs(src) == []
+    assert _pairs(src.replace("torch.rand(1)", 'torch.rand(1, device="cuda")')) == [("TK302", 4)]
+    assert _pairs(src.replace("torch.rand(1)", "torch.rand_like(x)")) == [("TK302", 4)]
+    moved = src.replace("import torch", 'import torch\n    torch.set_default_device("cuda")')
+    assert _pairs(moved) == [("TK302", 5), ("TK302", 6)]
+
+
 # --------------------------------------------------------------------------- one report, silenced where written
 
 

@@ -20,6 +20,12 @@ _SYNC_METHODS = frozenset({"item", "cpu", "tolist", "numpy"})
 # An ``if`` mentioning one of these guards logging or evaluation, not the step itself.
 _LOGGING_RE = re.compile(r"log|print|verbose|debug|display|report|val|eval", re.IGNORECASE)
 _NO_GRAD = ("no_grad", "inference_mode")
+# torch's factories that make a new tensor on the default device (the CPU) unless given `device=`:
+# `torch.rand(1).item()` (an epsilon-greedy draw) reads host memory, no device to wait for.
+_HOST_FACTORIES = frozenset({
+    "rand", "randn", "randint", "randperm", "tensor", "zeros", "ones", "full", "empty", "arange",
+    "linspace", "logspace", "eye",
+})
 _TENSORISH_RE = re.compile(
     r"^(\w*loss\w*|logits?|outputs?|outs?|preds?|predictions?|y_?hat|grads?)$", re.IGNORECASE
 )
@@ -112,6 +118,30 @@ def _python_numbers(ctx: FileContext, loop: TrainingLoop) -> Set[str]:
     return {name for name, vals in values.items() if all(_is_number(v) for v in vals)}
 
 
+def _made_on_host(ctx: FileContext, expr: ast.expr) -> bool:
+    """Whether ``expr`` is a call of one of torch's factories with no ``device=`` (nor
+    ``**kwargs`` that may hold one) in a file that never changes the default device
+    (``torch.set_default_device``, ``with torch.device(...):``): a CPU tensor. (A ``generator=``
+    alone is a CPU one: torch refuses a CUDA generator for a tensor made on the CPU.)"""
+    if not isinstance(expr, ast.Call) or any(k.arg in (None, "device") for k in expr.keywords):
+        return False
+    name = ctx.qualname(expr.func) or ""
+    parts = name.split(".")
+    if len(parts) != 2 or parts[0] != "torch" or parts[1] not in _HOST_FACTORIES:
+        return False
+    return not _default_device_changed(ctx)
+
+
+def _default_device_changed(ctx: FileContext) -> bool:
+    for node in ctx.nodes:
+        if isinstance(node, ast.Attribute) and node.attr == "set_default_device":
+            return True
+        if isinstance(node, ast.withitem) and isinstance(node.context_expr, ast.Call) \
+                and (ctx.qualname(node.context_expr.func) or "").endswith("torch.device"):
+            return True
+    return False
+
+
 def _printed_tensor(call: ast.Call, tensors: Set[str], numbers: Set[str]) -> Optional[str]:
     """The tensor-like name that ``print(...)`` formats, if any."""
     if not (isinstance(call.func, ast.Name) and call.func.id == "print"):
@@ -146,6 +176,8 @@ def check_host_sync(ctx: FileContext) -> Iterator[Hit]:
                 inner = call.func.value  # type: ignore[attr-defined]
                 if isinstance(inner, ast.Call) and method_name(inner) in _SYNC_METHODS and not inner.args:
                     continue  # `.cpu().numpy()`: one sync, reported at the `.cpu()`
+                if _made_on_host(ctx, inner):
+                    continue  # `torch.rand(1).item()`: a CPU tensor, no device to wait for
                 found = f"`{ast.unparse(call)}`"
             else:
                 printed = _printed_tensor(call, tensors, numbers)
