@@ -80,3 +80,20 @@ def test_a_compiled_adamw_step_at_lr_0_leaves_no_nan_and_equals_eager(how: str) 
 def test_a_compiled_adam_step_at_lr_0_leaves_no_nan() -> None:
     got = _train("patch", torch.optim.Adam)
     assert not any(p.isnan().any() for p in got)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (foreach + capturable path)")
+def test_a_compiled_adamw_step_at_lr_0_on_cuda_leaves_no_nan() -> None:
+    """On CUDA the compiled step is the foreach capturable one (dynamo sets capturable for a fresh
+    state): no NaN at the warm-up's lr 0, whether torch's kernels make one there or not."""
+    model = _model().cuda()
+    opt = tk.compiled_step(torch.optim.AdamW(model.parameters(), lr=1e-2))
+    sched = _warmup_from_zero(opt)
+    ids = torch.tensor([[1, 2, 0], [3, 2, 0]], device="cuda")
+    for _ in range(3):
+        model(ids).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+    assert not any(p.isnan().any() for p in model.parameters())
