@@ -361,6 +361,98 @@ def test_region_decorates_only_callables():
         tk.profile_region("x")(42)
 
 
+def test_region_refuses_a_class_and_async_functions_before_anything_changes():
+    class Net(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    with pytest.raises(TypeError, match="got the class .*Net.*decorate the method"):
+        tk.profile_region("net")(Net)
+    assert isinstance(Net(), Net)  # still the class
+
+    async def fetch():
+        return 1
+
+    async def stream():
+        yield 1
+
+    for fn in (fetch, stream):
+        with pytest.raises(TypeError, match="async function.*with tk.profile_region"):
+            tk.profile_region("io")(fn)
+
+
+def test_region_on_a_generator_function_times_each_item_not_the_consumer(tmp_path):
+    @tk.profile_region("make")
+    def batches(n):
+        for i in range(n):
+            time.sleep(0.02)  # the generator's own work
+            got = yield i
+            assert got is None
+        return "done"
+
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        out = []
+        for b in batches(3):
+            time.sleep(0.05)  # the consumer's work: not the region's
+            out.append(b)
+        records = [v for tag, _, v in list(s._buf) if tag == "trainkit/region/make_ms"]
+    assert out == [0, 1, 2]
+    assert len(records) == 4  # three items and the resumption that ended it
+    assert 60 <= sum(records) < 150  # 3 x 20 ms, without the 3 x 50 ms of the loop
+    assert batches.__name__ == "batches"
+
+    def result():
+        return (yield from batches(1))
+
+    assert list(result()) == [0]
+    g = result()
+    next(g)
+    with pytest.raises(StopIteration) as stop:
+        next(g)
+    assert stop.value.value == "done"
+
+
+def test_region_on_a_generator_passes_send_throw_and_close():
+    closed = []
+
+    @tk.profile_region("gen")
+    def echo():
+        try:
+            got = None
+            while True:
+                try:
+                    got = yield got
+                except KeyError:
+                    got = "caught"
+        finally:
+            closed.append(True)
+
+    g = echo()
+    assert next(g) is None and g.send(5) == 5 and g.throw(KeyError("k")) == "caught"
+    with pytest.raises(ValueError):
+        g.throw(ValueError("v"))
+    assert closed == [True]
+    g = echo()
+    next(g)
+    g.close()
+    assert closed == [True, True]
+
+
+def test_region_written_above_staticmethod_and_classmethod():
+    class C:
+        @tk.profile_region("st")
+        @staticmethod
+        def twice(a):
+            return 2 * a
+
+        @tk.profile_region("cm")
+        @classmethod
+        def name(cls):
+            return cls.__name__
+
+    assert C().twice(3) == 6 and C.twice(4) == 8 and C().name() == "C" and C.name() == "C"
+
+
 Pair = collections.namedtuple("Pair", "x y")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
 import re
 import sys
 import types
@@ -184,9 +185,12 @@ class _Region:
                 rf.__exit__(et, ev, tb)
 
     def __call__(self, fn: F) -> F:
-        if not callable(fn):
-            raise TypeError(f"profile_region({self.name!r}) decorates a function, got {fn!r}")
+        if isinstance(fn, (staticmethod, classmethod)):  # written above @staticmethod
+            return type(fn)(self(fn.__func__))  # type: ignore[return-value]
+        _check_decorated(self.name, fn)
         name = self.name
+        if inspect.isgeneratorfunction(fn):
+            return _timed_generator(name, fn)  # type: ignore[return-value]
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -197,6 +201,50 @@ class _Region:
 
     def __repr__(self) -> str:
         return f"tk.profile_region({self.name!r})"
+
+
+def _check_decorated(name: str, fn: Any) -> None:
+    """Refuse what a region cannot time as a function: its calls would be timed, not its work."""
+    fix = f"put `with tk.profile_region({name!r}):` around the work instead"
+    if isinstance(fn, type):
+        raise TypeError(f"profile_region({name!r}) decorates a function, got the class "
+                        f"{fn.__qualname__}: it would become a function timing only its "
+                        f"construction; decorate the method to time (e.g. its forward), or {fix}")
+    if not callable(fn):
+        raise TypeError(f"profile_region({name!r}) decorates a function, got {fn!r}")
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TypeError(f"profile_region({name!r}) decorates a plain function, got the async "
+                        f"function {getattr(fn, '__qualname__', fn)!r}: a call only creates its "
+                        f"coroutine, so nothing of its work would be timed; {fix}")
+
+
+def _timed_generator(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A generator function decorated: each resumption is timed (the work making each item),
+    not the creation of the generator, nor what its consumer does between items."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        gen = fn(*args, **kwargs)
+        sent: Any = None
+        thrown: Optional[BaseException] = None
+        try:
+            while True:
+                with profile_region(name):
+                    if thrown is None:
+                        item = gen.send(sent)
+                    else:
+                        item, thrown = gen.throw(thrown), None
+                try:
+                    sent = yield item
+                except GeneratorExit:
+                    gen.close()
+                    raise
+                except BaseException as exc:  # thrown in by the consumer: on to the generator
+                    thrown, sent = exc, None
+        except StopIteration as stop:
+            return stop.value
+
+    return wrapper
 
 
 def _step_of(s: Any, start: float) -> int:
@@ -255,6 +303,10 @@ def profile_region(name: str) -> _Region:
 
         @tk.profile_region("eval")
         def evaluate(model): ...
+
+    On a generator function, each resumption is timed (the work that makes each item, not the
+    consumer's between items); a class or an async function is refused (a call would time only
+    its construction, or the creation of its coroutine).
 
     Inside code that ``torch.compile`` traces (a compiled model's ``forward``), a region records
     nothing and costs the graph nothing (timing it would break the graph in two, on every call):
