@@ -66,6 +66,37 @@ def test_data_wait_share_matches_the_planted_sleep(logdir):
     assert f.count == len(st)
 
 
+def test_data_wait_on_every_other_step_is_described_by_means_not_medians(logdir):
+    import torch
+
+    def batches(n):  # a slow loader
+        for _ in range(n):
+            time.sleep(0.02)
+            yield torch.randn(4, 2)
+
+    d, g = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    opt_d, opt_g = torch.optim.SGD([d], lr=0.1), torch.optim.SGD([g], lr=0.1)
+    with tk.session(logdir=logdir, system_metrics=False):
+        tk.patch(opt_d)
+        tk.patch(opt_g)
+        for x in tk.patch(batches(12)):
+            for _ in range(2):  # a GAN's critic, twice per batch: two steps, one wait
+                (x @ d).sum().backward()
+                opt_d.step()
+                opt_d.zero_grad()
+            (x @ g).sum().backward()
+            opt_g.step()
+            opt_g.zero_grad()
+    f = by_code(tk.analyze(logdir), "TA101")
+    st = Steps(load_run(logdir, logdir))
+    assert len(st) == 23 and f.share > 0.5
+    # It said "median 0.00 ms of a median 0.1 ms step": a wait of no time taking most of it.
+    assert "median" not in f.evidence, f.evidence
+    mean_wait = sum(st.per_step(PREFIX + "data_wait_ms")) / len(st)
+    assert f"{mean_wait:.2f} ms of a {st.total_ms / len(st):.2f} ms step on average" in f.evidence
+    assert "recorded on 11 of them" in f.evidence
+
+
 def test_a_loop_without_planted_causes_has_no_findings(logdir):
     train(logdir, steps=15)
     assert tk.analyze(logdir) == []

@@ -10,6 +10,7 @@ from ...recorder import (AMP_SKIPPED, CLOSURE_MS, COMPILE_RECOMPILES, COMPILE_SE
                          UPDATE_MS)
 from ..finding import Finding, severity_for
 from ..runs import Run
+from .loaders import advice as loader_advice
 
 #: The fix for pageable copies, whether the records or a trace found them.
 PAGEABLE_FIX = ("DataLoader(..., pin_memory=True) and x = tk.to_device(x, 'cuda') (non_blocking "
@@ -52,25 +53,31 @@ class Steps:
         return statistics.median(self.times)
 
     def describe(self, tag: str) -> str:
-        part = statistics.median(self.per_step(tag))
-        return (f"median {part:.2f} ms of a median {self.median_ms():.2f} ms step, "
-                f"over {len(self)} steps")
+        per = self.per_step(tag)
+        on = sum(1 for v in per if v > 0)
+        if on == len(per):
+            part = statistics.median(per)
+            return (f"median {part:.2f} ms of a median {self.median_ms():.2f} ms step, "
+                    f"over {len(self)} steps")
+        # Recorded on some steps only (a batch feeding several steps: a GAN's critic stepping
+        # twice per batch has the batch's wait on every other step): medians would say 0 ms of
+        # a step whichever share it takes, so the means, whose ratio is the share.
+        n = len(per)
+        return (f"{sum(per) / n:.2f} ms of a {self.total_ms / n:.2f} ms step on average, over "
+                f"{n} steps; recorded on {on} of them")
 
 
 def data_loader_bound(st: Steps) -> Optional[Finding]:
     share = st.share(DATA_WAIT)
     if share < 0.10:
         return None
+    more, fix = loader_advice(st)  # fitted to the DataLoader's recorded settings, if any
     return Finding(
         code="TA101", title="data-loader bound",
         evidence=f"waiting for the next batch takes {share:.0%} of step time "
-                 f"({st.describe(DATA_WAIT)}); the device idles meanwhile",
+                 f"({st.describe(DATA_WAIT)}); the device idles meanwhile{more}",
         share=share, count=sum(1 for v in st.per_step(DATA_WAIT) if v > 0),
-        fix="load batches in worker processes and overlap them with the step: "
-            "DataLoader(..., num_workers=4, pin_memory=True, persistent_workers=True, "
-            "prefetch_factor=2); move per-item work (decoding, augmentation) out of the main "
-            "process or onto the GPU",
-        severity=severity_for(share))
+        fix=fix, severity=severity_for(share))
 
 
 def pageable_copies(st: Steps) -> Optional[Finding]:
