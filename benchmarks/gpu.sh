@@ -45,6 +45,10 @@ cd "$(dirname "$0")/.."
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
   "$py" -c "import sys, torch; print('python', sys.version.split()[0], '| torch', torch.__version__,
 '| cuda', torch.version.cuda, '| device', torch.cuda.get_device_name() if torch.cuda.is_available() else None)"
+  # the preinstalled packages trainkit uses, whose versions no `pip install --no-deps` checks
+  "$py" -m pip list --disable-pip-version-check 2>/dev/null | grep -iE \
+    '^(tensorboard|protobuf|numpy|psutil|matplotlib|rich|pytest|setuptools|accelerate|tqdm) ' |
+    tr -s ' ' | paste -sd ',' - | sed 's/,/, /g'
 } > "$out/env.txt" 2>&1
 
 # A pip that builds in an isolated environment fetches setuptools first, which a machine with no
