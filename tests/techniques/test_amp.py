@@ -234,6 +234,39 @@ def test_skipped_steps_add_up_across_blocks_and_are_filed_under_their_step(tmp_p
     tk.unpatch(opt)
 
 
+def test_a_second_optimizer_files_its_scale_and_skips_under_its_batch_step(tmp_path):
+    """A GAN with one scaler: the discriminator steps first and counts the steps; the
+    generator's amp.step goes under the step of the batch it trained on, as its update does,
+    not under the next step (after the last batch, a step that never comes)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    d, g = _model32(0), _model32(1)
+    opt_d = tk.patch(torch.optim.SGD(d.parameters(), lr=0.1))
+    opt_g = tk.patch(torch.optim.SGD(g.parameters(), lr=0.1))
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+    data = [tuple(t.float() for t in b) for b in batches([4, 4, 4])]
+    with tk.session(logdir=str(tmp_path), system_metrics=False):
+        for i, (x, y) in enumerate(tk.patch(data)):
+            for model, opt in ((d, opt_d), (g, opt_g)):
+                with tk.autocast_scaled(scaler, dtype="fp16") as amp:
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                if model is g and i == 1:
+                    loss = loss * float("inf")  # the generator's step of batch 2 is skipped
+                amp.backward(loss)
+                amp.step(opt)
+                opt.zero_grad()
+    assert amp.skipped == 1
+    ea = EventAccumulator(str(tmp_path))
+    ea.Reload()
+    assert [p.step for p in ea.Scalars("trainkit/step_time_ms")] == [1, 2, 3]
+    assert [(p.step, p.value) for p in ea.Scalars("trainkit/amp/skipped_steps")] == [
+        (1, 0.0), (2, 1.0), (3, 1.0)]
+    assert [(p.step, p.value) for p in ea.Scalars("trainkit/amp/scale")] == [
+        (1, 256.0), (2, 128.0), (3, 128.0)]
+    tk.unpatch(opt_d)
+    tk.unpatch(opt_g)
+
+
 def test_errors_show_a_model_or_optimizer_given_in_the_wrong_place_on_one_line():
     # A model's or optimizer's repr spans lines; the message keeps its first line, closed.
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())

@@ -144,6 +144,7 @@ class Amp:
             if gate is not None and hasattr(gate, "end_window"):
                 gate.end_window(stepped=False)  # the gate never saw this step
         if s is not None:
+            step = _step_of(s, step, optimizer)
             scale = self.scaler._scale
             s._buf.append((AMP_SKIPPED, step, float(self.skipped)))
             s._buf.append((AMP_SCALE, step,
@@ -153,6 +154,20 @@ class Amp:
     def __repr__(self) -> str:
         return (f"<trainkit.autocast_scaled dtype={self.dtype} device_type={self.device_type!r} "
                 f"scaler={'on' if self._scaling() else 'off'} skipped={self.skipped}>")
+
+
+def _step_of(s: Any, before: int, optimizer: Any) -> int:
+    """The step an ``amp.step`` files its scale and skip count under: the step in progress when
+    it began (the one its optimizer's step ended, or the one a skipped step leaves going on);
+    for a second optimizer (a GAN's generator, stepping after the one that counts the steps), the
+    step its update went to: that of the batch it trained on, as ``update_ms``, not the step in
+    progress, which is the next one (after the last batch, one that never comes)."""
+    primary = s._primary
+    inner = inner_optimizer(optimizer)  # accelerate's wrapper: the patch is on the one inside
+    if primary is None or primary is optimizer_patch(optimizer if inner is None else inner):
+        return before
+    n = s._batch_step
+    return n if n is not None else max(s.step - 1, 1)
 
 
 def _step_watched(scaler: Any, optimizer: Any) -> bool:
