@@ -9,6 +9,8 @@ from __future__ import annotations
 import textwrap
 from typing import Dict
 
+import pytest
+
 from trainkit.lint import lint_source
 
 
@@ -71,6 +73,38 @@ def test_tk108_with_a_divided_loss_says_it_is_still_divided() -> None:
     found = _by_code(FIRST_WINDOW.format(divide=" / n"))
     assert set(found) == {"TK108"}
     assert "its loss still divided by `n`, so that update is `n` times too small" in found["TK108"]
+
+
+RANGE_WINDOW = """
+{imports}
+def train(q, replay, optimizer, n, total_steps):
+    for t in {source}:
+        loss = q(replay.sample(32)) / n
+        loss.backward()
+        if t % n == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("imports, source, origin", [
+    ("", "range(total_steps)", "range(...)"),
+    ("", "range(0, total_steps)", "range(...)"),
+    ("from tqdm import tqdm", "tqdm(range(total_steps), desc='train')", "range(...)"),
+    ("from tqdm.auto import trange", "trange(total_steps)", "trange(...)"),
+    ("import itertools", "itertools.count()", "count()"),
+])
+def test_tk108_an_index_from_range_counts_from_0_as_enumerate_s(imports, source, origin) -> None:
+    # An RL loop over environment steps, accumulating over n of them: the first window holds one.
+    found = _by_code(RANGE_WINDOW.format(imports=imports, source=source))
+    assert set(found) == {"TK108"}
+    assert f"`t % n == 0` with `t` counting from 0 (`{origin}`)" in found["TK108"]
+
+
+@pytest.mark.parametrize("source", ["range(1, total_steps + 1)", "range(0, total_steps, 2)",
+                                    "range(start, total_steps)", "itertools.count(1)"])
+def test_tk108_not_for_a_range_that_does_not_count_from_0_by_1(source) -> None:
+    assert _by_code(RANGE_WINDOW.format(imports="import itertools", source=source)) == {}
 
 
 def test_tk108_with_an_undivided_loss_does_not_claim_a_division() -> None:

@@ -188,19 +188,52 @@ def check_clip_every_micro_batch(ctx: FileContext) -> Iterator[Hit]:
             )
 
 
-def _zero_based_index(loop: TrainingLoop, name: str) -> bool:
-    """Whether ``name`` is the index of ``for name, ... in enumerate(x)`` (from 0), never rebound in the loop."""
+def _zero_based_index(ctx: FileContext, loop: TrainingLoop, name: str) -> Optional[str]:
+    """What makes ``name`` count from 0, never rebound in the loop: ``"enumerate(...)"`` for ``for
+    name, ... in enumerate(x)``, ``"range(...)"`` for ``for name in range(n)`` (an RL loop over
+    environment steps; also ``range(0, n)``, ``trange(n)``, ``tqdm(range(n))``,
+    ``itertools.count()``); else None."""
     node = loop.node
     if not isinstance(node, (ast.For, ast.AsyncFor)) or not isinstance(node.iter, ast.Call):
-        return False
+        return None
     call = node.iter
-    if dotted(call.func) != "enumerate" or len(call.args) != 1 or call.keywords:
-        return False  # `enumerate(x, 1)`, `enumerate(x, start=1)` count from 1
     target = node.target
-    first = target.elts[0] if isinstance(target, ast.Tuple) and target.elts else None
+    if dotted(call.func) == "enumerate":
+        if len(call.args) != 1 or call.keywords:
+            return None  # `enumerate(x, 1)`, `enumerate(x, start=1)` count from 1
+        first = target.elts[0] if isinstance(target, ast.Tuple) and target.elts else None
+        origin = "enumerate(...)"
+    else:
+        first = target
+        origin = _counts_from_zero(ctx, call)
+        if origin is None:
+            return None
     if not (isinstance(first, ast.Name) and first.id == name):
-        return False
-    return not any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) for n in loop.region)
+        return None
+    if any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) for n in loop.region):
+        return None
+    return origin
+
+
+def _counts_from_zero(ctx: FileContext, call: ast.Call) -> Optional[str]:
+    """``"range(...)"`` when ``call`` yields 0, 1, 2, ...: ``range(n)``, ``range(0, n)``,
+    ``range(0, n, 1)``, ``trange(n)``, ``tqdm(range(n), ...)``, ``itertools.count()``."""
+    name = (ctx.qualname(call.func) or "").split(".")[-1]
+    if name == "tqdm" and call.args and isinstance(call.args[0], ast.Call):
+        return _counts_from_zero(ctx, call.args[0])
+    if name == "count":
+        return "count()" if not call.args and not call.keywords else None
+    if name not in ("range", "trange") or call.keywords or not call.args:
+        return None
+    args = call.args
+    zero, one = (lambda a: _literal(a, 0)), (lambda a: _literal(a, 1))
+    if len(args) == 1 or (len(args) == 2 and zero(args[0])) or (len(args) == 3 and zero(args[0]) and one(args[2])):
+        return f"{name}(...)"
+    return None
+
+
+def _literal(node: ast.expr, value: int) -> bool:
+    return isinstance(node, ast.Constant) and node.value == value and not isinstance(node.value, bool)
 
 
 @rule(
@@ -227,7 +260,8 @@ def check_first_window_of_one(ctx: FileContext) -> Iterator[Hit]:
             if modulo is None or not zero or not isinstance(modulo.left, ast.Name):
                 continue
             index = modulo.left.id
-            if not _zero_based_index(acc.loop, index):
+            origin = _zero_based_index(ctx, acc.loop, index)
+            if origin is None:
                 continue
             every = ast.unparse(modulo.right)
             loop = acc.loop
@@ -239,7 +273,7 @@ def check_first_window_of_one(ctx: FileContext) -> Iterator[Hit]:
             shown = f"`{ast.unparse(test)}`" if holds else f"stepping where `{ast.unparse(test)}` is false,"
             yield Hit(
                 test,
-                f"{shown} with `{index}` counting from 0 (`enumerate(...)`) steps after the very "
+                f"{shown} with `{index}` counting from 0 (`{origin}`) steps after the very "
                 f"first micro-batch: each pass's first window holds one micro-batch ({first}) and every later "
                 "window is shifted by one",
                 f"`({index} + 1) % {every} {'==' if holds else '!='} 0` (and step once more after the loop for a "
