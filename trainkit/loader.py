@@ -10,6 +10,7 @@ import importlib
 from typing import Any, Iterator
 
 from . import _compiled, timing
+from ._loaderinfo import begin_pass
 from .patch import _patched, stepped_elsewhere
 from .profiling import regions
 from .profiling.regions import record_function
@@ -58,7 +59,10 @@ class PatchedLoader:
         # A pass run in the body of another's (a validation inside the training loop): at its
         # end the enclosing batch gets its step back, for what the body logs after it.
         s = _S._active
-        outer = None if s is None else (s, s._batch_step, s.step)
+        outer = None
+        if s is not None:
+            outer = (s, s._batch_step, s.step)
+            begin_pass(s, self)  # a DataLoader's settings (once a session), and this pass
         # The first wait holds iter(): a DataLoader with workers starts them there, each epoch
         # without persistent_workers; the loop waits for that before its first batch.
         t0 = now()

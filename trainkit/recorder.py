@@ -99,6 +99,9 @@ class Recorder:
                  sample: Optional[Callable[[bool], Dict[str, float]]] = None,
                  sample_secs: float = 1.0, resumed_at: Optional[int] = None) -> None:
         self.buf: Deque[Any] = collections.deque()
+        #: ``(tag, step, text)`` text summaries to write (a patched DataLoader's settings, once
+        #: per session): written by the next flush, in the writer thread
+        self.meta: Deque[Any] = collections.deque()
         #: Steps completed so far (the session counts them); later ones may still be recording.
         self.completed = completed
         self.flush_secs = flush_secs
@@ -213,6 +216,9 @@ class Recorder:
                 else:
                     tags[tag] = rec[2]
             self._write_steps(completed, final)
+            while self.meta:
+                tag, step, text = self.meta.popleft()
+                self.writer.write_text(tag, text, step=step)
             if self._sample is not None and (final or timing.now() >= self._next_sample):
                 self._next_sample = timing.now() + self._sample_secs
                 self.writer.write_scalars(step=self.completed(), values=self._sample(final))

@@ -104,6 +104,9 @@ class Session:
         self._cuda_device: Optional[int] = None
         self._closed = False
         self._on_close: List[Callable[[], None]] = []
+        #: id of a patched DataLoader (as the user passed it) -> [its number, a weak reference
+        #: to it, passes begun]: its settings are recorded at its first pass (trainkit._loaderinfo)
+        self._loaders: Dict[int, List[Any]] = {}
         #: technique -> value in force, as read by tk.technique during this session.
         self.techniques: Dict[str, Any] = {}
         self._profiler = None

@@ -28,6 +28,9 @@ from ..recorder import PREFIX
 from ..sinks.tensorboard import masked_crc32c
 from .trace import is_trace
 
+#: The text summaries a run's reader keeps (:attr:`Run.meta`).
+META = PREFIX + "meta/"
+
 EVENTS_MARK = "tfevents"
 
 
@@ -56,6 +59,9 @@ class Run:
     #: the sessions a later one hides: it started again at or before their first step (a rerun
     #: into the same folder), so no point of theirs is shown or analyzed
     hidden: Tuple[str, ...] = ()
+    #: ``trainkit/meta/...`` text summaries of the sessions shown (a patched DataLoader's
+    #: settings: :mod:`trainkit._loaderinfo`), ``tag -> text``; a later session's win
+    meta: Dict[str, str] = dataclasses.field(default_factory=dict)
 
     def values(self, tag: str) -> Dict[int, float]:
         """``step -> value`` of one tag (the last value written for a step wins)."""
@@ -155,9 +161,11 @@ def _records(data: bytes) -> Iterator[bytes]:
         pos = stop
 
 
-def read_scalars(folder: str,
-                 names: Optional[List[str]] = None) -> Dict[str, List[Tuple[int, float]]]:
+def read_scalars(folder: str, names: Optional[List[str]] = None, *,
+                 meta: Optional[Dict[str, str]] = None) -> Dict[str, List[Tuple[int, float]]]:
     """Every scalar in the folder's event files (or those ``names``): ``tag -> [(step, value)]``.
+
+    ``meta``: a dict to fill with the ``trainkit/meta/...`` text summaries read (``tag -> text``).
 
     What TensorBoard's ``EventAccumulator`` reads (the files in name order, ``simple_value``
     scalars, a ``SessionLog.START`` dropping the steps from its own on), about ten times faster:
@@ -181,6 +189,9 @@ def read_scalars(folder: str,
                     for value in event.summary.value:
                         if value.HasField("simple_value"):
                             out.setdefault(value.tag, []).append((step, value.simple_value))
+                        elif meta is not None and value.tag.startswith(META) \
+                                and value.HasField("tensor") and value.tensor.string_val:
+                            meta[value.tag] = value.tensor.string_val[0].decode("utf-8", "replace")
                 elif event.HasField("session_log") and event.session_log.status == start:
                     for tag, points in out.items():  # a restart: later steps are orphaned
                         out[tag] = [p for p in points if p[0] < event.step]
@@ -238,9 +249,12 @@ def load_run(logdir: str, folder: str) -> Run:
     sessions = tuple(f for f in files
                      if EVENTS_MARK in f and _holds_trainkit_tag(os.path.join(folder, f)))
     if len(sessions) < 2:
-        return Run(name=name, path=folder, scalars=read_scalars(folder, list(sessions)),
-                   traces=tuple(traces), sessions=sessions)
-    scalars, shown = _merge_sessions([(f, read_scalars(folder, [f])) for f in sessions])
+        got: Dict[str, str] = {}
+        return Run(name=name, path=folder, scalars=read_scalars(folder, list(sessions), meta=got),
+                   traces=tuple(traces), sessions=sessions, meta=got)
+    meta: Dict[str, Dict[str, str]] = {f: {} for f in sessions}
+    scalars, shown = _merge_sessions([(f, read_scalars(folder, [f], meta=meta[f]))
+                                      for f in sessions])
     hidden = tuple(f for f in sessions if f not in shown)
     started = session_start(os.path.join(folder, shown[0])) if hidden and shown else None
     earlier: List[str] = []
@@ -248,7 +262,8 @@ def load_run(logdir: str, folder: str) -> Run:
         earlier = [t for t in traces if trace_time(t) < started]
         traces = [t for t in traces if t not in earlier]
     return Run(name=name, path=folder, scalars=scalars, traces=tuple(traces), sessions=sessions,
-               started=started, earlier_traces=tuple(earlier), hidden=hidden)
+               started=started, earlier_traces=tuple(earlier), hidden=hidden,
+               meta={tag: text for f in shown for tag, text in meta[f].items()})
 
 
 def _merge_sessions(read: List[Tuple[str, Dict[str, List[Tuple[int, float]]]]]

@@ -1,0 +1,225 @@
+"""TA101's advice, fitted to the DataLoader that fed the steps (its settings as the session
+recorded them: :mod:`trainkit._loaderinfo`).
+
+- no workers: ``num_workers=`` (a count from ``os.cpu_count()`` of the machine analyzing);
+- workers started again each pass (no ``persistent_workers``) and a pass's first batch waiting
+  far longer than the others: ``persistent_workers=True``, with the start-up measured per pass;
+- workers, waiting steadily: more of them, or a deeper ``prefetch_factor`` where only some
+  batches are slow, or cheaper per-sample work where more workers cannot help (the CPU is busy,
+  or it would take more workers than cores), each from the measured step and wait times;
+- ``pin_memory=False`` on a run whose ``tk.to_device`` copies went to a GPU: ``pin_memory=True``.
+
+A run without recorded settings (written before trainkit recorded them, or fed by a plain
+iterable) gets the general advice, said to be a guess.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..._loaderinfo import META_LOADER, PASSES
+from ...recorder import DATA_WAIT, H2D_MS, H2D_PINNED_PCT, PREFIX, STEP_TIME, UPDATE_MS
+
+CPU_PERCENT = PREFIX + "system/cpu_percent"
+
+#: The advice when nothing says what the loader is.
+GUESS_FIX = ("trainkit recorded no DataLoader settings for this run (a run recorded before "
+             "trainkit recorded them, or a loader that is no torch DataLoader), so this is a "
+             "guess: if the batches are loaded in the training process, "
+             "DataLoader(..., num_workers=4, pin_memory=True, persistent_workers=True, "
+             "prefetch_factor=2); move per-item work (decoding, augmentation) out of the main "
+             "process or onto the GPU")
+
+#: A pass's first wait longer than the other steps' median by this much (ms), and this many
+#: times it, is worker start-up worth a finding.
+STARTUP_MIN_MS = 20.0
+STARTUP_RATIO = 5.0
+#: Below this median wait (ms) a step with workers waits for the hand-over of a batch between
+#: processes, not for its loading.
+HANDOVER_MS = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Loader:
+    """A patched DataLoader of the run: its number, settings and the steps its passes began at."""
+
+    index: int
+    settings: Dict[str, Any]
+    passes: Tuple[int, ...]
+
+    def describe(self) -> str:
+        s = self.settings
+        parts = [f"num_workers={s.get('num_workers')}"]
+        if s.get("num_workers"):
+            parts += [f"persistent_workers={s.get('persistent_workers')}",
+                      f"prefetch_factor={s.get('prefetch_factor')}"]
+        parts += [f"pin_memory={s.get('pin_memory')}", f"batch_size={s.get('batch_size')}"]
+        return f"loader {self.index} ({s.get('type', 'DataLoader')}: {', '.join(parts)})"
+
+
+def recorded(run: Any) -> List[Loader]:
+    """The run's patched DataLoaders whose settings were recorded, by number."""
+    out = []
+    for tag, text in run.meta.items():
+        if not tag.startswith(META_LOADER):
+            continue
+        try:
+            index = int(tag[len(META_LOADER):])
+            settings = json.loads(text)
+        except ValueError:  # not one of ours, or a newer format: the advice stays general
+            continue
+        if isinstance(settings, dict):
+            out.append(Loader(index, settings, tuple(sorted(run.values(PASSES.format(index))))))
+    return sorted(out, key=lambda l: l.index)
+
+
+def feeding(run: Any) -> List[Loader]:
+    """The recorded loaders that fed the run's steps: those first iterated with gradients on
+    (training); in a run whose batches were its steps (no optimizer stepped: an evaluation),
+    every one. Empty when the training's own loader was not recorded."""
+    loaders = recorded(run)
+    train = [l for l in loaders if l.settings.get("role") == "train"]
+    if train or run.values(UPDATE_MS):
+        return train
+    return loaders
+
+
+def _median(values: List[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def advice(st: Any) -> Tuple[str, str]:
+    """TA101's added evidence (starting with "; ", or empty) and its fix, for the run's loaders."""
+    loaders = feeding(st.run)
+    if not loaders:
+        return "", GUESS_FIX
+    every = recorded(st.run)
+    said = [_one(st, l, every, named=len(loaders) > 1) for l in loaders]
+    return "".join("; " + e for e, _ in said), "; ".join(f for _, f in said)
+
+
+def _one(st: Any, loader: Loader, every: List[Loader], *, named: bool) -> Tuple[str, str]:
+    run, s = st.run, loader.settings
+    waits, times = run.values(DATA_WAIT), run.values(STEP_TIME)
+    # The steady steps: timed ones outside any loader's start of a pass: what a batch costs.
+    starting = {k for l in every for k in _starts(l)}
+    steady = [k for k in st.steps if k not in starting] or list(st.steps)
+    wait = _median([waits.get(k, 0.0) for k in steady])
+    mean_wait = statistics.fmean([waits.get(k, 0.0) for k in steady]) if steady else 0.0
+    compute = _median([max(0.0, times[k] - waits.get(k, 0.0)) for k in steady if k in times])
+    workers = int(s.get("num_workers") or 0)
+    evidence = [f"the steps were fed by {loader.describe()}"]
+    fixes: List[str] = []
+    who = f"loader {loader.index}: " if named else ""
+
+    others = {p for l in every if l.index != loader.index for p in l.passes}
+    startup = _startup(loader, waits, others, wait)
+    if workers and startup is not None and not s.get("persistent_workers"):
+        per_pass, used, mixed = startup
+        restarts = len(loader.passes) - 1
+        first = "its first step" if workers == 1 else f"its first {workers} steps"
+        evidence.append(
+            f"each pass's start ({first}, one batch per worker) waited ~{per_pass:.0f} ms more "
+            f"than steady steps do (median wait {wait:.2f} ms), measured on {used} of its "
+            f"{len(loader.passes)} passes"
+            + (" (whose steps also held another loader's pass)" if mixed else "")
+            + f": its {workers} workers start again at each pass")
+        fixes.append(f"DataLoader(..., persistent_workers=True): the workers then start once, "
+                     f"saving ~{per_pass:.0f} ms of worker start-up per epoch "
+                     f"(~{per_pass * restarts:.0f} ms over the {restarts} later pass(es) here)")
+    steady_share = (sum(waits.get(k, 0.0) for k in steady)
+                    / max(1e-9, sum(times.get(k, 0.0) for k in steady)))
+    if not workers:
+        cores = os.cpu_count() or 1
+        n = max(1, min(8, cores - 1))
+        fixes.append(
+            f"DataLoader(..., num_workers={n}, persistent_workers=True): with num_workers=0 each "
+            f"batch is loaded in the training process while the step waits (median {wait:.2f} "
+            f"ms a step); {n} is this machine's os.cpu_count()={cores} less one for the training "
+            f"loop, counted when analyzing: use the training machine's cores")
+    elif (steady_share >= 0.10 and wait >= HANDOVER_MS) or not fixes:
+        fixes.append(_steady(run, s, workers, wait, mean_wait, compute))
+    pin = _pin(run, s)
+    if pin:
+        fixes.append(pin)
+    return who + "; ".join(evidence), who + "; ".join(fixes)
+
+
+def _starts(loader: Loader) -> List[int]:
+    """The steps of the loader's pass starts: a pass's first ``num_workers`` steps (each worker's
+    first batch waits for it to start), or its first step without workers."""
+    n = max(1, int(loader.settings.get("num_workers") or 0))
+    return [p + i for p in loader.passes for i in range(n)]
+
+
+def _startup(loader: Loader, waits: Dict[int, float], others: set,
+             wait: float) -> Optional[Tuple[float, int, bool]]:
+    """Worker start-up per pass: the median, over its passes, of the waits of a pass's first
+    steps beyond the steady median ``wait`` (from the passes that began in no step where
+    another loader's did, where there are some), how many passes that is from, and whether those
+    steps held another loader's pass. None below a cost worth a finding, or with one pass
+    (nothing to keep the workers for)."""
+    if len(loader.passes) < 2:
+        return None
+    n = max(1, int(loader.settings.get("num_workers") or 0))
+    ends = list(loader.passes[1:]) + [None]
+    clean = [p for p in loader.passes if p not in others]
+    used = clean or list(loader.passes)
+    per_pass = _median([sum(max(0.0, waits.get(k, 0.0) - wait)
+                            for k in range(p, p + n) if end is None or k < end)
+                        for p, end in zip(loader.passes, ends) if p in used])
+    if per_pass < max(STARTUP_MIN_MS, STARTUP_RATIO * wait):
+        return None
+    return per_pass, len(used), not clean
+
+
+def _steady(run: Any, s: Dict[str, Any], workers: int, wait: float, mean_wait: float,
+            compute: float) -> str:
+    """The fix for workers that cannot keep up, from the steady steps' numbers."""
+    per_batch = workers * (compute + wait)  # a worker's time per batch, at the rate they keep
+    batch = s.get("batch_size")
+    sample = f", ~{per_batch / batch:.2f} ms a sample" if batch else ""
+    pf = s.get("prefetch_factor") or 2
+    if mean_wait > 0 and wait < 0.25 * mean_wait:
+        return (f"DataLoader(..., prefetch_factor={2 * pf}): most steps barely wait (median "
+                f"{wait:.2f} ms) while some wait long (mean {mean_wait:.2f} ms): slow batches "
+                f"come in bursts, which a deeper queue per worker (now {pf}) absorbs")
+    if wait < HANDOVER_MS:
+        return (f"larger batches (now {batch}): a step waits a median {wait:.2f} ms for its "
+                f"batch from the {workers} workers, the hand-over between processes rather "
+                f"than their loading, against {compute:.2f} ms of step without the wait; more "
+                f"workers or prefetching do not shorten it")
+    cores = os.cpu_count() or 1
+    need = math.ceil(per_batch / compute) if compute > 0 else None
+    cpu = _median(list(run.values(CPU_PERCENT).values())) if run.values(CPU_PERCENT) else None
+    how = (f"each of the {workers} workers takes ~{per_batch:.1f} ms a batch{sample} "
+           f"({workers} x ({compute:.2f} ms of step without the wait + {wait:.2f} ms of wait))")
+    if need is not None and need <= cores and (cpu is None or cpu < 85.0):
+        return (f"DataLoader(..., num_workers={need}): {how}, so keeping up with the step takes "
+                f"~{need} workers ({cores} cores here, os.cpu_count() when analyzing); a larger "
+                f"prefetch_factor does not help a steady shortfall")
+    why = (f"the CPU is already {cpu:.0f}% busy" if cpu is not None and cpu >= 85.0
+           else f"keeping up would take ~{need} workers, more than the {cores} cores here"
+           if need is not None else "the step does nothing but wait")
+    return (f"make the per-sample work cheaper (the dataset's __getitem__, transforms, "
+            f"collate_fn): {how}, and more workers cannot help ({why}); decode or preprocess "
+            f"once and cache, load smaller inputs, or augment on the GPU")
+
+
+def _pin(run: Any, s: Dict[str, Any]) -> str:
+    """``pin_memory=True`` where the loader does not pin and trainkit's copies went to a GPU
+    mostly from pageable memory."""
+    copies = run.values(H2D_MS)
+    if s.get("pin_memory") or not copies:
+        return ""
+    pinned = list(run.values(H2D_PINNED_PCT).values())
+    pct = statistics.fmean(pinned) if pinned else 0.0
+    if pct >= 90.0:  # pinned some other way (x.pin_memory() in the loop)
+        return ""
+    return (f"DataLoader(..., pin_memory=True): its batches are in pageable memory "
+            f"({pct:.0f}% of the bytes tk.to_device copied were pinned), and copying them to the "
+            f"GPU takes a median {_median(list(copies.values())):.2f} ms a step")
