@@ -49,6 +49,11 @@ cd "$(dirname "$0")/.."
   "$py" -m pip list --disable-pip-version-check 2>/dev/null | grep -iE \
     '^(tensorboard|protobuf|numpy|psutil|matplotlib|rich|pytest|setuptools|accelerate|tqdm) ' |
     tr -s ' ' | paste -sd ',' - | sed 's/,/, /g'
+  # torch.compile builds C code at run time (inductor; triton's launcher for a GPU): a compiler
+  # and Python.h, else the compiled tests and benchmarks fail for want of them
+  "$py" -c "import os, shutil, sysconfig
+inc = os.path.join(sysconfig.get_paths()['include'], 'Python.h')
+print('compiler:', shutil.which('gcc') or shutil.which('cc') or 'none', '| Python.h:', os.path.exists(inc))"
 } > "$out/env.txt" 2>&1
 
 # A pip that builds in an isolated environment fetches setuptools first, which a machine with no
