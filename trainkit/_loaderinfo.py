@@ -64,7 +64,9 @@ def settings(dl: Any, *, role: str) -> Dict[str, Any]:
         "pin_memory": bool(getattr(dl, "pin_memory", False)),
         # torch keeps 2 when it is left unset with workers (None without: nothing to prefetch)
         "prefetch_factor": num(getattr(dl, "prefetch_factor", None)) if workers else None,
-        "batch_size": num(getattr(dl, "batch_size", None)),
+        # given a batch_sampler (as accelerate builds its inner loader), DataLoader says None
+        "batch_size": num(getattr(dl, "batch_size", None))
+        or num(getattr(getattr(dl, "batch_sampler", None), "batch_size", None)),
         "cuda_available": bool(torch.cuda.is_available()),
     }
 

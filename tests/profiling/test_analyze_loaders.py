@@ -292,3 +292,17 @@ def test_tensorboard_reads_the_settings_as_text_and_a_rerun_shows_its_own(logdir
     assert ea.SummaryMetadata(META_LOADER + "0").plugin_data.plugin_name == "text"
     (last,) = ea.Tensors(META_LOADER + "0")[-1:]
     assert json.loads(last.tensor_proto.string_val[0]) == meta[0]
+
+
+def test_accelerates_prepared_loader_records_the_dataloader_inside(logdir):
+    accelerate = pytest.importorskip("accelerate")
+    acc = accelerate.Accelerator(cpu=True)
+    dl = DataLoader(TensorDataset(torch.randn(8, 16), torch.randn(8, 1)), batch_size=2,
+                    num_workers=1, persistent_workers=True)
+    prepared = acc.prepare(dl)
+    assert "base_dataloader" in vars(prepared)  # the layout find_dataloader looks into
+    _train(logdir, prepared, epochs=2)
+    meta, run = _meta(logdir)
+    assert meta[0]["num_workers"] == 1 and meta[0]["persistent_workers"] is True
+    assert meta[0]["batch_size"] == 2 and meta[0]["type"] == "DataLoader"
+    assert sorted(run.values(PASSES.format(0))) == [1, 5]
