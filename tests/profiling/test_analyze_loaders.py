@@ -306,3 +306,25 @@ def test_accelerates_prepared_loader_records_the_dataloader_inside(logdir):
     assert meta[0]["num_workers"] == 1 and meta[0]["persistent_workers"] is True
     assert meta[0]["batch_size"] == 2 and meta[0]["type"] == "DataLoader"
     assert sorted(run.values(PASSES.format(0))) == [1, 5]
+
+
+def test_an_evaluation_run_is_advised_on_its_own_loader(logdir):
+    # No optimizer steps: the batches are the steps, and the loader iterated under no_grad fed them
+    model = torch.nn.Linear(16, 1)
+    loader = DataLoader(SleepyDataset(12, 0.004), batch_size=2)
+    with tk.session(logdir=logdir, system_metrics=False), torch.no_grad():
+        for x, _y in tk.patch(loader):
+            model(x)
+    meta, _ = _meta(logdir)
+    assert meta[0]["role"] == "eval"
+    f = _ta101(logdir)
+    assert "fed by loader 0 (DataLoader: num_workers=0" in f.evidence
+    assert "num_workers=0 each batch is loaded in the training process" in f.fix
+
+
+def test_the_settings_recorded_are_those_a_technique_override_put_in_force(logdir):
+    loader = DataLoader(TensorDataset(torch.randn(4, 16), torch.randn(4, 1)), batch_size=2)
+    with tk.switches.overrides({"num_workers": 1}):
+        _train(logdir, loader, epochs=1)
+    meta, _ = _meta(logdir)
+    assert meta[0]["num_workers"] == 1 and meta[0]["prefetch_factor"] == 2
