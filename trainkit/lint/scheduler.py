@@ -1,4 +1,5 @@
-"""TK109: an LR scheduler stepped at every micro-batch of an accumulation.
+"""TK109: an LR scheduler stepped at every micro-batch of an accumulation; TK111: one sized in
+micro-batches but stepped once per update.
 
 A per-step LR schedule (warm-up, cosine or linear decay, OneCycleLR) counts optimizer
 updates. With gradient accumulation there is one update every ``n`` micro-batches, so a
@@ -15,17 +16,21 @@ ReduceLROnPlateau's, ``step(epoch)`` says where the schedule is) on a receiver t
 * named like one: its last part starts with ``sched`` or ``lr_sched`` (``scheduler``,
   ``self.lr_scheduler``, ``sched_G``). Other schedules (``noise_scheduler``,
   ``beta_scheduler``) count only when built from an LR scheduler as above.
+
+TK111 is the inverse mistake: a schedule sized in micro-batches (``epochs * len(loader)``) and
+stepped once per update, with the step, runs ``n`` times too slow. Its size must be read in the
+file (:func:`trainkit.lint._schedule_size.counted_in_batches`); anything unread stays silent.
 """
 from __future__ import annotations
 
 import ast
 import re
-from typing import Dict, Iterator, Optional, Set
+from typing import Dict, Iterator, Optional, Set, Tuple
 
-from trainkit.lint._accumulating import Accumulation, accumulating_loops, stepped_optimizer, tk_accumulate_with
+from trainkit.lint._accumulating import Accumulation, accumulating_loops, runs_with, stepped_optimizer, tk_accumulate_with
 from trainkit.lint._core import FileContext, TrainingLoop
 from trainkit.lint._nodes import dotted, find_modulo, is_device_check, method_name, receiver
-from trainkit.lint._schedule_size import sized_in_micro_batches
+from trainkit.lint._schedule_size import BatchSized, constructor_for, counted_in_batches, loop_loader, sized_in_micro_batches
 from trainkit.lint._registry import Hit, rule
 
 _LR_SCHEDULER_CLASS = re.compile(
@@ -94,19 +99,29 @@ def _about(test: ast.expr, name: str) -> bool:
     return False
 
 
+def _same_every_time(guard: ast.AST, name: str) -> bool:
+    """Whether ``guard`` takes the same branch at every micro-batch: a ``with``, a device check,
+    or an ``if`` about the scheduler ``name`` itself."""
+    if isinstance(guard, (ast.With, ast.AsyncWith)):
+        return True
+    return isinstance(guard, ast.If) and find_modulo(guard.test) is None and (
+        is_device_check(guard.test) or _about(guard.test, name))
+
+
 def _every_micro_batch(loop: TrainingLoop, call: ast.Call) -> bool:
     """Whether ``call`` runs at every iteration of ``loop``: no condition around it but a device
     check, an ``if`` about the scheduler itself, or a ``with``. Any other condition (``if acc.stepped:``,
     a ``%`` test of its own, a flag set by the step) is given the benefit of the doubt."""
     name = receiver(call) or ""
-    for guard in loop.guards(call):
-        if isinstance(guard, (ast.With, ast.AsyncWith)):
-            continue
-        if isinstance(guard, ast.If) and find_modulo(guard.test) is None and (
-                is_device_check(guard.test) or _about(guard.test, name)):
-            continue  # the same branch at every micro-batch
-        return False
-    return True
+    return all(_same_every_time(guard, name) for guard in loop.guards(call))
+
+
+def _block_parts(block: ast.AST, acc_call: ast.Call) -> Tuple[str, Optional[str]]:
+    """``n`` as written in ``tk.accumulate(n, ...)``, and the name its ``with`` binds (``acc``), if any."""
+    given = acc_call.args[0] if acc_call.args else next((k.value for k in acc_call.keywords if k.arg == "n"), None)
+    item = next(i for i in block.items if i.context_expr is acc_call)  # type: ignore[attr-defined]
+    bound = dotted(item.optional_vars) if item.optional_vars is not None else None
+    return (ast.unparse(given) if given is not None else "n"), bound
 
 
 def _hand_written(ctx: FileContext, acc: Accumulation, built: Dict[str, Optional[str]]) -> Iterator[Hit]:
@@ -150,13 +165,10 @@ def _in_tk_accumulate(ctx: FileContext, call: ast.Call) -> Optional[Hit]:
     loop = next((x for x in ctx.training_loops if loops and x.node is loops[0]), None)
     if loop is None or not any(c is call for c in loop.calls) or not _every_micro_batch(loop, call):
         return None  # once per block (per epoch), in a nested def, or under a condition
-    given = acc_call.args[0] if acc_call.args else next((k.value for k in acc_call.keywords if k.arg == "n"), None)
-    n = ast.unparse(given) if given is not None else "n"
+    n, bound = _block_parts(block, acc_call)
     if sized_in_micro_batches(ctx, receiver(call) or "", n):
         return None  # planned over micro-batches: walked at its own pace
     func = ast.unparse(acc_call.func)
-    item = next(i for i in block.items if i.context_expr is acc_call)  # type: ignore[attr-defined]
-    bound = dotted(item.optional_vars) if item.optional_vars is not None else None
     shown = ast.unparse(call)
     steps = [s for s in loop.step_calls if stepped_optimizer(ctx, s) is not None]
     where = f"`{ast.unparse(steps[0])}` (line {steps[0].lineno})" if steps else "`optimizer.step()`"
@@ -187,3 +199,121 @@ def check_scheduler_every_micro_batch(ctx: FileContext) -> Iterator[Hit]:
             hit = _in_tk_accumulate(ctx, call)
             if hit is not None:
                 yield hit
+
+
+# --------------------------------------------------------------------------- TK111
+
+
+def _with_the_step(loop: TrainingLoop, call: ast.Call, acc: Accumulation) -> bool:
+    """Whether scheduler step ``call`` runs exactly when the accumulation's step does: on the step's
+    side of its ``%`` test (under its ``if``, below its early exit, or under an ``if`` with the same
+    test), under no condition of its own (``if epoch_end:``, another ``%``) but those that take the
+    same branch at every micro-batch."""
+    if not runs_with(loop, call, acc.guard, acc.step):
+        return False
+    name = receiver(call) or ""
+    mine = {id(g) for g in loop.guards(acc.step)}
+    for guard in loop.guards(call):
+        if id(guard) in mine or _same_every_time(guard, name):
+            continue
+        if not (isinstance(guard, ast.If) and isinstance(acc.guard, ast.If) and loop._same_test(guard, acc.guard) is not None):
+            return False
+    sides = {(id(owner), side) for owner, side in loop.branches(acc.step)}
+    return all((id(owner), side) in sides for owner, side in loop.branches(call) if id(owner) in mine)
+
+
+def _window_end(test: ast.expr, bound: str, name: str) -> bool:
+    """``acc.stepped`` or ``acc.boundary`` of the block bound to ``bound``, alone or ``and``-ed with
+    tests about the scheduler ``name`` itself."""
+    if dotted(test) in (f"{bound}.stepped", f"{bound}.boundary"):
+        return True
+    return isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) and any(
+        _window_end(v, bound, name) for v in test.values) and all(
+        _window_end(v, bound, name) or _about(v, name) for v in test.values)
+
+
+def _once_per_window(ctx: FileContext, call: ast.Call) -> Optional[Tuple[TrainingLoop, ast.Call, str, ast.If]]:
+    """For ``if acc.stepped: scheduler.step()`` in a loop inside ``with tk.accumulate(n, ...) as acc:``:
+    the loop, the ``tk.accumulate(...)`` call, ``n`` and that ``if``."""
+    found = tk_accumulate_with(ctx, call)
+    if found is None:
+        return None
+    block, acc_call = found
+    n, bound = _block_parts(block, acc_call)
+    loops = [p for p in ctx.ancestors(call, stop=block) if isinstance(p, _LOOPS)]
+    loop = next((x for x in ctx.training_loops if loops and x.node is loops[0]), None)
+    if bound is None or loop is None or not any(c is call for c in loop.calls):
+        return None
+    name = receiver(call) or ""
+    guards = [g for g in loop.guards(call) if not _same_every_time(g, name)]
+    if len(guards) != 1 or not isinstance(guards[0], ast.If) or not _window_end(guards[0].test, bound, name):
+        return None
+    if loop.side_of(call, guards[0]) != "body":
+        return None
+    return loop, acc_call, n, guards[0]
+
+
+def _too_slow(ctx: FileContext, scheduler: str, constructor: ast.Call, sized: BatchSized, loader: str, n: str,
+              stepped: str) -> Hit:
+    """The finding on the ``len(loader)`` that sizes schedule ``scheduler``, stepped once every ``n`` micro-batches."""
+    k = n if n.isdigit() else f"`{n}`"
+    counted = sized.counted
+    statement = next((p for p in ctx.ancestors(counted) if isinstance(p, ast.stmt)), None)
+    if isinstance(statement, (ast.Assign, ast.AnnAssign)) and statement.value is not constructor:
+        shown = ast.unparse(statement)  # num_training_steps = epochs * len(train_loader)
+    else:
+        inner = next((p for p in ctx.ancestors(counted) if ctx.parents.get(p) is constructor), counted)
+        keyword = inner.arg if isinstance(inner, ast.keyword) else None
+        shown = ast.unparse(inner.value if isinstance(inner, ast.keyword) else inner)
+        shown = f"{keyword}={shown}" if keyword else shown
+    return Hit(
+        counted,
+        f"the LR schedule `{scheduler}` (line {constructor.lineno}) is sized in micro-batches: `{shown}` counts "
+        f"the batches of `{loader}`, but {stepped}, once per update of {k} micro-batches, so it runs "
+        f"{k} times too slow: " + (f"its warm-up lasts {k} times longer than planned and " if sized.warmup_too else "")
+        + f"training ends 1/{k} of the way through it (a linear or cosine decay stays far from its end)",
+        f"size it in updates: `math.ceil(len({loader}) / {n})` in place of `len({loader})` (the updates per "
+        f"epoch, transformers' `num_update_steps_per_epoch`), or `len({loader}) // {n}` when the loop does not "
+        "step a short last window",
+    )
+
+
+@rule(
+    "TK111",
+    name="schedule-sized-in-micro-batches",
+    severity="error",
+    summary="an LR schedule sized in micro-batches (len(loader)) but stepped once per update of an accumulation "
+            "runs n times too slow",
+)
+def check_schedule_sized_in_micro_batches(ctx: FileContext) -> Iterator[Hit]:
+    """Flag the size of a schedule counted in ``len(loader)`` whose ``step()`` runs only with the accumulating step."""
+    built = _built_schedulers(ctx)
+    if not built:
+        return
+    reported: Set[int] = set()
+
+    def found(call: ast.Call, loop: TrainingLoop, n: str, stepped: str) -> Iterator[Hit]:
+        name = receiver(call) or ""
+        loader = loop_loader(loop.node)
+        constructor = constructor_for(ctx, name, call) if name in built else None
+        if loader is None or constructor is None or not _LR_SCHEDULER_CLASS.search(ctx.qualname(constructor.func) or ""):
+            return  # built here by a helper of its own (`make_scheduler(optimizer, total)`): its sizes are unread
+        sized = counted_in_batches(ctx, constructor, loader, n)
+        if sized is not None and id(sized.counted) not in reported:
+            reported.add(id(sized.counted))
+            yield _too_slow(ctx, name, constructor, sized, loader, n, stepped)
+
+    for acc in accumulating_loops(ctx):
+        for call in acc.loop.calls:
+            if _is_scheduler_step(call, built) and _with_the_step(acc.loop, call, acc):
+                yield from found(call, acc.loop, acc.every,
+                                 f"`{ast.unparse(call)}` (line {call.lineno}) runs only with the step (line {acc.step.lineno})")
+    for call in ctx.calls:
+        if _is_scheduler_step(call, built):
+            window = _once_per_window(ctx, call)
+            if window is not None:
+                loop, acc_call, n, guard = window
+                yield from found(call, loop, n,
+                                 f"`if {ast.unparse(guard.test)}: {ast.unparse(call)}` (line {call.lineno}) inside "
+                                 f"`{ast.unparse(acc_call.func)}({n}, ...)` (line {acc_call.lineno}) steps it at each "
+                                 "window's end")
