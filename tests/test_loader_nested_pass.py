@@ -63,3 +63,40 @@ def test_after_an_inner_loop_that_trained_values_go_under_the_step_in_progress(t
                 opt.zero_grad()
             s.log("after_inner", 1.0)
     assert [st for st, _ in scalars(tmp_path)["after_inner"]] == [4, 7]
+
+
+def _slow(n, sleep_s=0.02):
+    import time
+
+    for _ in range(n):
+        time.sleep(sleep_s)
+        yield torch.randn(4, 2)
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("wrap", [
+    lambda g: tk.patch(iter(tk.patch(g))),
+    lambda g: (x for _, x in tk.patch(enumerate(tk.patch(g)))),
+    lambda g: tk.patch(map(torch.neg, tk.patch(g))),
+])
+def test_a_patched_loader_wrapped_in_another_is_recorded_once(tmp_path, wrap, training):
+    # A patched loader inside another one (through enumerate, map, a generator of one's own):
+    # the outer wait holds the inner one, and each counted the wait and the items, so the
+    # data wait (~40 ms) came out longer than the step (~21 ms) and samples_per_s doubled.
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([p], lr=0.1)
+    with tk.session(logdir=tmp_path, system_metrics=False), torch.set_grad_enabled(training):
+        if training:
+            tk.patch(opt)
+        for x in wrap(_slow(5)):
+            if training:
+                (x @ p).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    got = scalars(tmp_path)
+    waits, times = dict(got["trainkit/data_wait_ms"]), dict(got["trainkit/step_time_ms"])
+    assert sorted(times) == [1, 2, 3, 4, 5]
+    for step, t in times.items():
+        assert 18 <= waits[step] <= t, (step, waits[step], t)
+        rate = dict(got["trainkit/samples_per_s"])[step]
+        assert rate == pytest.approx(4 / (t / 1e3), rel=1e-3)  # 4 items a step, not 8

@@ -7,6 +7,7 @@ batches are the session's steps: see :class:`PatchedLoader`.
 from __future__ import annotations
 
 import importlib
+import threading
 from typing import Any, Iterator
 
 from . import _compiled, timing
@@ -68,7 +69,22 @@ class PatchedLoader:
         t0 = now()
         it = iter(self.source)
 
+        fetching = _FETCHING
         while True:
+            if fetching.depth:
+                # Fetched inside another patched loader's wait: this one is wrapped in it (directly
+                # or through enumerate, itertools, a generator of the user's), and that one
+                # records the wait and the items, once; here too, both counted twice.
+                fetching.depth += 1
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    return
+                finally:
+                    fetching.depth -= 1
+                yield batch
+                t0 = now()
+                continue
             ev0 = None
             if regions._TC._initialized:  # on a GPU a step that ends here ends as the wait begins
                 s = _S._active
@@ -76,11 +92,15 @@ class PatchedLoader:
                                       or (s._batch_pending and mine == s.step)):
                     ev0 = timing.cuda_event(timing.steps_device(s._cuda_device))
             try:
-                if tap._is_profiler_enabled:  # the wait shows as a named range in traces
-                    with record_function("trainkit/data_wait"):
+                fetching.depth = 1
+                try:
+                    if tap._is_profiler_enabled:  # the wait shows as a named range in traces
+                        with record_function("trainkit/data_wait"):
+                            batch = next(it)
+                    else:
                         batch = next(it)
-                else:
-                    batch = next(it)
+                finally:
+                    fetching.depth = 0
             except StopIteration:
                 s = _S._active
                 if s is not None:
@@ -169,6 +189,13 @@ def _enclosing(outer: Any, s: Any) -> Any:
     return None
 
 
+class _Fetching(threading.local):
+    """Per thread: how deep in patched loaders' waits the thread is (0: in none)."""
+
+    depth = 0
+
+
+_FETCHING = _Fetching()
 _INF = float("inf")
 _NO_WORK = (BATCH_REC, GC_MS, GC_FULL)  # records that no loop body made: waits, collections
 
