@@ -557,6 +557,24 @@ def test_item_of_a_tensor_made_on_the_cpu_is_no_sync() -> None:
     assert _pairs(moved) == [("TK302", 5), ("TK302", 6)]
 
 
+def test_float_of_the_loss_is_a_sync_as_item_is() -> None:
+    # torch's FAQ writes `total_loss += float(loss)` (to drop the graph): a host read all the same.
+    src = """
+    total_loss = 0.0
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        total_loss += float(loss)
+        right = int(logits.argmax())
+        fine = float(total_loss) + int(x.shape[0]) + float(lr)
+        once = float(loss.item())
+    """
+    assert _pairs(src) == [("TK302", 7), ("TK302", 8), ("TK302", 10)]
+    (finding, *_) = lint_source(textwrap.dedent(src))
+    assert finding.message.startswith("`float(loss)` reads a tensor on the host, as `.item()` does")
+
+
 # --------------------------------------------------------------------------- one report, silenced where written
 
 

@@ -157,11 +157,28 @@ def _printed_tensor(call: ast.Call, tensors: Set[str], numbers: Set[str]) -> Opt
     return None
 
 
+def _converted_tensor(call: ast.Call, tensors: Set[str], numbers: Set[str]) -> Optional[str]:
+    """The tensor-like name that ``float(...)`` or ``int(...)`` reads, if any: ``float(loss)``,
+    ``float(loss.detach())``, ``int(preds.argmax())`` (a ``.item()`` inside is reported there)."""
+    if not (isinstance(call.func, ast.Name) and call.func.id in ("float", "int")
+            and len(call.args) == 1 and not call.keywords):
+        return None
+    arg = call.args[0]
+    while isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute) and not arg.args:
+        if arg.func.attr in _SYNC_METHODS:
+            return None  # `float(loss.item())`: the `.item()` is the sync, reported itself
+        arg = arg.func.value  # `loss.detach()`, `logits.argmax()`: the tensor it is called on
+    name = dotted(arg)
+    if not name or name in numbers:
+        return None
+    return name if name in tensors or _TENSORISH_RE.match(name.split(".")[-1]) else None
+
+
 @rule(
     "TK302",
     name="host-sync-every-step",
     severity="warning",
-    summary=".item()/.cpu()/.tolist()/.numpy()/print(tensor) on every training step",
+    summary=".item()/.cpu()/.tolist()/.numpy()/float(tensor)/print(tensor) on every training step",
 )
 def check_host_sync(ctx: FileContext) -> Iterator[Hit]:
     """Flag a GPU->CPU sync in the training step outside a logging condition."""
@@ -179,6 +196,8 @@ def check_host_sync(ctx: FileContext) -> Iterator[Hit]:
                 if _made_on_host(ctx, inner):
                     continue  # `torch.rand(1).item()`: a CPU tensor, no device to wait for
                 found = f"`{ast.unparse(call)}`"
+            elif _converted_tensor(call, tensors, numbers) is not None:
+                found = f"`{ast.unparse(call)}` reads a tensor on the host, as `.item()` does, and"
             else:
                 printed = _printed_tensor(call, tensors, numbers)
                 if printed is None:
