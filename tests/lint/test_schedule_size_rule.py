@@ -347,25 +347,72 @@ def test_tk_accumulate_clean_cases_are_not_reported() -> None:
         assert _pairs(src) == [], src
 
 
-def test_accelerate_accumulate_is_not_reported() -> None:
-    # its prepared scheduler steps `num_processes` times per update: whether `len(loader)` fits depends on
-    # whether it was read before `prepare`, so the linter stays silent
-    src = """
-    from accelerate import Accelerator
-    from transformers import get_linear_schedule_with_warmup
-    def train(model, train_dataloader, optimizer, num_epochs):
-        accelerator = Accelerator(gradient_accumulation_steps=4)
-        lr_scheduler = get_linear_schedule_with_warmup(optimizer, 100, len(train_dataloader) * num_epochs)
-        model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(model, optimizer, train_dataloader, lr_scheduler)
-        for epoch in range(num_epochs):
-            for step, batch in enumerate(train_dataloader):
-                with accelerator.accumulate(model):
-                    accelerator.backward(model(**batch).loss)
-                    optimizer.step()
-                    lr_scheduler.step()
-                    optimizer.zero_grad()
-    """
-    assert _pairs(src) == []
+# accelerate: the prepared scheduler steps only where the gradients sync (`num_processes` times, each
+# process having 1/num_processes of the batches `len(train_dataloader)` counted before `prepare`)
+ACCELERATE = """
+from accelerate import Accelerator
+from transformers import get_linear_schedule_with_warmup
+
+def train(model, train_dataloader, optimizer, num_epochs):
+    accelerator = Accelerator(gradient_accumulation_steps=4)
+    lr_scheduler = get_linear_schedule_with_warmup(optimizer, 100, len(train_dataloader) * num_epochs)
+    model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(model, optimizer, train_dataloader, lr_scheduler)
+    for epoch in range(num_epochs):
+        for step, batch in enumerate(train_dataloader):
+            with accelerator.accumulate(model):
+                accelerator.backward(model(**batch).loss)
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad()
+"""
+
+
+def test_accelerate_accumulate_with_a_schedule_sized_before_prepare_is_found() -> None:
+    assert _pairs(ACCELERATE) == [("TK111", 7)]
+    text = _texts(ACCELERATE)[7]
+    assert ("`len(train_dataloader) * num_epochs` counts the batches of `train_dataloader`, but `lr_scheduler.step()` "
+            "(line 14) inside `accelerator.accumulate(model)` (line 11) steps it only where the gradients sync "
+            "(accelerate's prepared scheduler; `len(train_dataloader)` was read before `accelerator.prepare` (line 8), "
+            "so it counts the batches of all processes), once per update of 4 micro-batches, so it runs 4 times too "
+            "slow") in text
+    assert "`math.ceil(len(train_dataloader) / 4)` in place of `len(train_dataloader)`" in text
+    # stepped under `if accelerator.sync_gradients:` after the block (transformers' no_trainer scripts' shape)
+    synced = _swap("                lr_scheduler.step()\n                optimizer.zero_grad()\n",
+                   "                optimizer.zero_grad()\n            if accelerator.sync_gradients:\n"
+                   "                lr_scheduler.step()\n", ACCELERATE)
+    assert _pairs(synced) == [("TK111", 7)]
+    assert "under `if accelerator.sync_gradients:` (line 15)" in _texts(synced)[7]
+
+
+def test_a_scheduler_prepared_on_its_own_is_followed() -> None:
+    prepare = "    model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(model, optimizer, train_dataloader, lr_scheduler)\n"
+    alone = _swap(prepare, prepare.replace(", lr_scheduler = ", " = ").replace(", lr_scheduler)", ")")
+                  + "    lr_scheduler = accelerator.prepare(lr_scheduler)\n", ACCELERATE)
+    assert _pairs(alone) == [("TK111", 7)]
+
+
+def test_accelerate_cases_the_linter_cannot_tell_are_not_reported() -> None:
+    prepare = "    model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(model, optimizer, train_dataloader, lr_scheduler)\n"
+    build = "    lr_scheduler = get_linear_schedule_with_warmup(optimizer, 100, len(train_dataloader) * num_epochs)\n"
+    for src in (
+        # sized in updates
+        _swap("len(train_dataloader) * num_epochs",
+              "math.ceil(len(train_dataloader) / accelerator.gradient_accumulation_steps) * num_epochs", ACCELERATE),
+        # the length read after `prepare`: one process's batches, and the scheduler steps `num_processes` times
+        _swap(build + prepare, prepare.replace(", lr_scheduler = ", " = ").replace(", lr_scheduler)", ")") + build
+              + "    lr_scheduler = accelerator.prepare(lr_scheduler)\n", ACCELERATE),
+        # not prepared: it steps at every micro-batch, at the pace it was planned for
+        _swap(prepare, prepare.replace(", lr_scheduler = ", " = ").replace(", lr_scheduler)", ")"), ACCELERATE),
+        # a scheduler stepped at every call, or an accumulation the file does not say
+        _swap("Accelerator(gradient_accumulation_steps=4)",
+              "Accelerator(gradient_accumulation_steps=4, step_scheduler_with_optimizer=False)", ACCELERATE),
+        _swap("Accelerator(gradient_accumulation_steps=4)", "Accelerator(**config)", ACCELERATE),
+        _swap("Accelerator(gradient_accumulation_steps=4)", "Accelerator(gradient_accumulation_steps=1)", ACCELERATE),
+        # a condition of its own
+        _swap("                lr_scheduler.step()\n", "                if epoch > 0:\n                    lr_scheduler.step()\n",
+              ACCELERATE),
+    ):
+        assert _pairs(src) == [], src
 
 
 def test_the_finding_can_be_silenced_on_its_line() -> None:

@@ -160,13 +160,38 @@ def _bindings(ctx: FileContext) -> _Bindings:
     return _BINDINGS[ctx]
 
 
-def constructor_for(ctx: FileContext, scheduler: str, step: ast.AST) -> Optional[ast.Call]:
+def constructor_for(ctx: FileContext, scheduler: str, step: ast.AST, prepared: Sequence[ast.Call] = ()) -> Optional[ast.Call]:
     """The one call that built ``scheduler`` as stepped at ``step``: for a plain name (a local
     variable), the one bound in the function that steps it (or at module level); for a dotted
-    one, the only one in the file. None when unsure (bound twice, or another way too)."""
-    values, complete = _bindings(ctx).lookup(scheduler, step)
-    calls = [v for v in values if isinstance(v, ast.Call)]
-    return calls[0] if complete and len(values) == 1 and len(calls) == 1 else None
+    one, the only one in the file. None when unsure (bound twice, or another way too). A binding
+    by one of the ``prepared`` calls (accelerate's ``sched = accelerator.prepare(sched)``, or
+    ``model, sched = accelerator.prepare(model, sched)``) keeps the same schedule."""
+    bindings = _bindings(ctx)
+    values, complete = bindings.lookup(scheduler, step)
+    kept = [v for v in values if not any(v is c for c in prepared)]
+    if kept and (not complete or len(kept) < len(values)):
+        key = bindings.key(scheduler, kept[0])
+        rebound = 0
+        for call in prepared:
+            parent = ctx.parents.get(call)
+            if isinstance(parent, ast.Assign) and any(
+                    dotted(t) == scheduler and bindings.key(scheduler, t) == key for target in parent.targets for t in ast.walk(target)):
+                rebound += 1
+        complete = bindings.stores.get(key, 0) <= len(kept) + rebound
+    calls = [v for v in kept if isinstance(v, ast.Call)]
+    return calls[0] if complete and len(kept) == 1 and len(calls) == 1 else None
+
+
+def bound_value(ctx: FileContext, name: str, node: ast.AST) -> Optional[ast.expr]:
+    """The one value ``name`` is bound to as read at ``node`` (by scope, as for a constructor), or None."""
+    values, complete = _bindings(ctx).lookup(name, node)
+    return values[0] if complete and len(values) == 1 else None
+
+
+def same_scope(ctx: FileContext, a: ast.AST, b: ast.AST) -> bool:
+    """Whether ``a`` and ``b`` sit in the same function (or both at module level)."""
+    scopes = _bindings(ctx).scopes
+    return scopes.get(a) is scopes.get(b)
 
 
 class _Units:
