@@ -638,6 +638,51 @@ def test_values_for_a_later_step_and_an_earlier_one_join_their_steps(tmp_path):
     assert got["late"] == [(2, 100.0)]
 
 
+def test_values_logged_far_ahead_of_the_steps_are_written_while_the_run_goes_on(tmp_path):
+    # An RL loop logs each episode's reward by environment step, ahead of the optimizer's count
+    # (one update per 4 environment steps). They were held until the session closed: nothing in
+    # TensorBoard meanwhile, and a SIGKILL lost them all.
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = tk.patch(torch.optim.SGD([p], lr=0.1))
+    with tk.session(logdir=tmp_path, system_metrics=False, flush_secs=60) as s:
+        for t in range(1, 401):
+            if t % 4 == 0:
+                p.sum().backward()
+                opt.step()
+                opt.zero_grad()
+            if t % 25 == 0:
+                s.log("episode/reward", float(t), step=t)
+        s.log("next", 1.0, step=s.step + 1)  # just ahead: waits to join its step's event
+        s.flush()
+        mid = scalars(tmp_path)
+    # in order in the file too: TensorBoard's data server drops a tag's points past a step that
+    # goes back (written ahead, 125 came before 100, and TensorBoard showed no 125)
+    assert mid["episode/reward"] == [(t, float(t)) for t in range(25, 401, 25)]
+    assert "next" not in mid
+    got = _one_event_per_step(tmp_path)
+    assert got["episode/reward"] == mid["episode/reward"] and got["next"] == [(102, 1.0)]
+    tk.unpatch(opt)
+
+
+def test_a_step_written_ahead_never_comes_before_an_earlier_one_of_its_tags(tmp_path):
+    # The writer's flush while the optimizer is at step 95: the reward of environment step 100
+    # (not past the step in progress by enough to be written ahead) is held back, so the one of
+    # step 125 is too; a tag of its own at step 150 is written at once.
+    from trainkit.recorder import Recorder
+
+    done = [95]
+    rec = Recorder(str(tmp_path), flush_secs=3600, completed=lambda: done[0])
+    try:
+        rec.buf.extend([("r", 100, 1.0), ("r", 125, 2.0), ("other", 150, 3.0)])
+        rec.flush(final=False)
+        assert scalars(tmp_path) == {"other": [(150, 3.0)]}
+        done[0] = 100
+        rec.flush(final=False)
+        assert scalars(tmp_path)["r"] == [(100, 1.0), (125, 2.0)]
+    finally:
+        rec.close()
+
+
 def test_a_step_begun_at_a_cuda_event_and_ended_on_the_host_is_timed_from_its_host_time(tmp_path):
     # CUDA in use before the first batch (pinned memory, a device query) while the optimizer's
     # parameters are on the CPU: the step began at a CUDA event and ends at a host time. It is

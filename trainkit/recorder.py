@@ -168,7 +168,8 @@ class Recorder:
         """
         with self._lock:
             # Read before taking records: every record of a step up to here is in the buffer.
-            completed = self.completed() - slack
+            done = self.completed()
+            completed = done - slack
             buf, opened = self.buf, self._open
             pop = buf.popleft
             add: Any = {}.setdefault
@@ -216,6 +217,8 @@ class Recorder:
                 else:
                     tags[tag] = rec[2]
             self._write_steps(completed, final)
+            if not final:
+                self._write_ahead(done + 1 + _BEHIND)
             while self.meta:
                 tag, step, text = self.meta.popleft()
                 self.writer.write_text(tag, text, step=step)
@@ -244,6 +247,39 @@ class Recorder:
             end = combined.get(STEP_END)
             wall = time.time() if end is None else self._wall0 + (end - self._perf0)
             write(step=step, values=derive(combined), wall_time=wall)
+
+    def _write_ahead(self, after: int) -> None:
+        """Write the open steps past ``after``, ``_BEHIND`` steps past the one in progress: only
+        ``s.log(..., step=k)`` files there (an RL loop's episode reward by environment step, which
+        runs ahead of the optimizer's count), and waiting for the steps to catch up held them back
+        until the session closed (nothing shown meanwhile, all lost to a SIGKILL). A value logged
+        there later is written by a later flush, as one logged under an earlier step is; a step
+        just ahead (a value known for the next step) still waits to join that step's event.
+
+        Each tag's steps stay in order in the file: TensorBoard's data server takes a step that
+        goes back as a restart and drops the tag's points from there on. So a step is not written
+        ahead while an earlier open step, held back, holds one of its tags."""
+        opened = self._open
+        ahead = sorted(n for n in opened if n > after)
+        if not ahead:
+            return
+        held: set = set()
+        for n in opened:
+            if n <= after:
+                held.update(opened[n])
+        for step in ahead:
+            tags = opened[step]
+            if not held.isdisjoint(tags):
+                held.update(tags)
+                continue
+            combined = _combine_step(tags, False)
+            if combined is None:  # a CUDA value not ready yet: a later flush writes it
+                held.update(tags)
+                continue
+            del opened[step]
+            end = combined.get(STEP_END)
+            wall = time.time() if end is None else self._wall0 + (end - self._perf0)
+            self.writer.write_scalars(step=step, values=derive(combined), wall_time=wall)
 
     def close(self) -> None:
         """Stop the thread, write everything recorded, close the file. Idempotent."""
