@@ -319,7 +319,10 @@ def test_loops_that_do_not_accumulate_or_step_per_epoch_are_not_reported() -> No
     # a schedule of its own condition under the step: stepped at epochs' ends, not per update
     own_condition = _swap("                scheduler.step()\n",
                           "                if i + 1 == len(train_loader):\n                    scheduler.step()\n")
-    for source in (plain, per_epoch, own_condition):
+    # stepped `accum` times per update: at the pace of micro-batches it was planned for
+    catch_up = _swap("                scheduler.step()\n",
+                     "                for _ in range(accum):\n                    scheduler.step()\n")
+    for source in (plain, per_epoch, own_condition, catch_up):
         assert _pairs(source) == [], source
 
 

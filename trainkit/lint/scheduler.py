@@ -215,6 +215,8 @@ def _with_the_step(loop: TrainingLoop, call: ast.Call, acc: Accumulation) -> boo
     same branch at every micro-batch."""
     if not runs_with(loop, call, acc.guard, acc.step):
         return False
+    if any(isinstance(p, _LOOPS) for p in loop.ctx.ancestors(call, stop=loop.node)):
+        return False  # `for _ in range(n): scheduler.step()` under the step: walked at another pace
     name = receiver(call) or ""
     mine = {id(g) for g in loop.guards(acc.step)}
     for guard in loop.guards(call):
