@@ -228,6 +228,18 @@ def test_patch_refuses_what_it_cannot_patch(bad, text):
     assert "tk.patch(optimizer)" in str(info.value)
 
 
+@pytest.mark.parametrize("container", [list, tuple])
+def test_patch_refuses_a_list_of_optimizers_and_patches_none(container):
+    # A GAN's tk.patch([opt_g, opt_d]) was taken for a loader: no optimizer patched, no error.
+    g = torch.optim.SGD(mlp(0).parameters(), lr=0.1)
+    d = torch.optim.Adam(mlp(1).parameters(), lr=0.1)
+    with pytest.raises(TypeError, match=r"one optimizer at a time, e\.g\. tk\.patch\(opt_g\)"):
+        tk.patch(container([g, d]))
+    assert "step" not in g.__dict__ and "step" not in d.__dict__
+    batches = container([(torch.ones(2, 8), torch.zeros(2))])  # a list of batches is a loader
+    assert list(tk.patch(batches)) == list(batches)
+
+
 def test_patch_compile_flag_must_be_bool_and_only_for_optimizers():
     opt = torch.optim.SGD(mlp().parameters(), lr=0.1)
     with pytest.raises(TypeError, match="compile='yes'"):

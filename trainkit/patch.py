@@ -359,6 +359,15 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
     if isinstance(obj, PatchedLoader):
         return obj
     kind = None
+    if isinstance(obj, (list, tuple)) and any(
+            isinstance(x, torch.optim.Optimizer) for x in obj[:8]):
+        # A GAN's pair, tk.patch([opt_g, opt_d]): iterable, so it became a "loader" of
+        # optimizers, and neither optimizer was patched (no step counted, nothing said).
+        names = ", ".join(type(x).__name__ for x in obj[:4]) + (", ..." if len(obj) > 4 else "")
+        shown = f"[{names}]" if isinstance(obj, list) else f"({names})"
+        raise TypeError(f"patch({shown}): a {type(obj).__name__} of optimizers is patched "
+                        f"one optimizer at a time, e.g. tk.patch(opt_g); tk.patch(opt_d) (or "
+                        f"for opt in optimizers: tk.patch(opt))")
     if isinstance(obj, (str, bytes, dict, torch.Tensor)):
         kind = type(obj).__name__
     elif isinstance(obj, torch.nn.Module):
