@@ -141,6 +141,16 @@ def test_ranks_started_seconds_apart_pick_one_default_logdir():
     assert first.stdout == second.stdout and first.stdout.startswith("runs" + os.sep)
 
 
+def test_session_as_a_decorator_is_refused_and_leaves_no_session_active(tmp_path):
+    with pytest.raises(TypeError, match="is no decorator.*with tk.session"):
+        @tk.session(logdir=tmp_path / "a")
+        def train():
+            pass
+    with tk.session(logdir=tmp_path / "b") as s:  # not "a session is already active"
+        s.log("x", 1.0)
+    assert scalars(tmp_path / "b")["x"] == [(1, 1.0)]
+
+
 def test_values_another_thread_logs_while_the_session_closes_are_written_or_refused(tmp_path):
     import threading
 

@@ -225,6 +225,14 @@ class Session:
         count to save in a checkpoint, to resume with ``tk.session(logdir, steps_done=n)``."""
         return self.step - 1
 
+    def __call__(self, fn: Any = None, *args: Any, **kwargs: Any) -> Any:
+        # @tk.session(logdir=...) on a function: tk.session(...) has started recording by now,
+        # and "'Session' object is not callable" left it active (the next session refused).
+        self.close()
+        raise TypeError(f"tk.session(logdir={self.root!r}) is no decorator: it starts recording "
+                        f"where it is called (now closed again); open it inside the function, "
+                        f"e.g. with tk.session(logdir={self.root!r}) as s: ...")
+
     def __enter__(self) -> "Session":
         if self._closed:
             raise RuntimeError(f"{self!r} is closed and records nothing more; start a new one, "
