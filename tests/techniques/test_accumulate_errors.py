@@ -23,6 +23,25 @@ def test_bad_n_repeats_value_and_changes_nothing(n):
     assert dict(m._forward_pre_hooks) == hooks
 
 
+def test_as_a_decorator_it_is_refused_before_anything_changes():
+    # Each call of a decorated step function was a block of its own: a window of one
+    # micro-batch, stepped at once (the weights moved on every call, nothing accumulated).
+    m, opt = _setup()
+    with pytest.raises(TypeError, match=r"tk\.accumulate\(4, optimizer\) goes around the loop"):
+        @tk.accumulate(4, opt)
+        def train_step(x):
+            m(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    assert optimizer_patch(opt) is None and "step" not in opt.__dict__
+    with tk.accumulate(4, opt) as acc:  # the block as before
+        for _ in range(4):
+            m(torch.ones(1, 2)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        assert acc.stepped
+
+
 @pytest.mark.parametrize("bad", [torch.nn.Linear(2, 2), "sgd", None])
 def test_non_optimizer(bad):
     with pytest.raises(TypeError) as e:

@@ -16,6 +16,7 @@ and how a partial last window is synced on exit, is :mod:`trainkit.techniques.da
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 from typing import Any, Callable, Iterator, List, Optional
@@ -285,7 +286,30 @@ def _grads(optimizer: Any) -> List[Any]:
     return [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
 
 
-@contextlib.contextmanager
+class _Block(contextlib._GeneratorContextManager):
+    """``tk.accumulate(...)``: a ``with`` block around the loop, and no decorator. As one (which
+    ``contextlib.contextmanager`` allows), each call of the step function was a block of its own:
+    a window of one micro-batch that stepped at once, so nothing accumulated, and nothing said."""
+
+    def __call__(self, fn: Any) -> Any:
+        n = self.args[0] if self.args else self.kwds.get("n", "n")
+        raise TypeError(f"tk.accumulate({n!r}, optimizer) goes around the loop, not on a "
+                        f"function: each call would be a block of its own, a window of one "
+                        f"micro-batch stepped at once (nothing accumulated); e.g. with "
+                        f"tk.accumulate({n!r}, optimizer): for batch in loader: train_step(batch)")
+
+
+def _block(func: Callable[..., Iterator[Any]]) -> Callable[..., Any]:
+    """``contextlib.contextmanager``, whose managers refuse to decorate (:class:`_Block`)."""
+
+    @functools.wraps(func)
+    def helper(*args: Any, **kwargs: Any) -> _Block:
+        return _Block(func, args, kwargs)
+
+    return helper
+
+
+@_block
 def accumulate(n: int, optimizer: Any, *, model: Any = None, normalize: Normalize = "mean",
                clip_grad_norm: Optional[float] = None) -> Iterator[Accumulator]:
     """Accumulate gradients over ``n`` micro-batches per optimizer step, around the whole loop.
