@@ -86,6 +86,37 @@ def test_items_from_dicts_and_nested_batches(tmp_path):
         assert v == pytest.approx({1: 5, 2: 2}[st] / (steps[st] / 1e3), rel=1e-4)
 
 
+class DetectionDataset(torch.utils.data.Dataset):
+    """torchvision's detection samples: an image and a dict of its boxes and labels."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int):
+        return torch.zeros(3, 16, 16), {"boxes": torch.rand(i % 3 + 1, 4), "labels": torch.ones(i % 3 + 1)}
+
+
+@pytest.mark.parametrize("collate, per_step", [
+    (lambda b: tuple(zip(*b)), [4, 4, 4]),  # torchvision's detection reference: (images, targets)
+    (lambda b: [t for _, t in b], [4, 4, 4]),  # a list of per-sample dicts
+    (lambda b: [b[0][1]], [1, 2, 3]),  # one dict: may be a collated batch, so its first tensor
+])
+def test_items_of_a_batch_of_per_sample_records(tmp_path, collate, per_step):
+    # An image's first dimension is its 3 channels: samples_per_s said 3 per batch of 4 images.
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    dl = torch.utils.data.DataLoader(DetectionDataset(), batch_size=4, collate_fn=collate)
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        tk.patch(opt)
+        for batch in tk.patch(dl):
+            time.sleep(0.002)
+            opt.step()
+    got = scalars(tmp_path)
+    steps = dict(got["trainkit/step_time_ms"])
+    items = [round(v * steps[st] / 1e3) for st, v in got["trainkit/samples_per_s"]]
+    assert items == per_step
+
+
 def test_items_when_batches_change_shape_mid_pass(tmp_path):
     """The loader counts (tensor, ...) batches inline once it knows the layout; batches that
     leave that layout (an empty tuple, a non-tensor first) are counted the general way."""

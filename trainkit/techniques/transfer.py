@@ -269,13 +269,17 @@ class ItemsCounter:
     one; 1 for a batch of 0-d tensors only) or None for a batch without tensors.
 
     A 0-d tensor (a step index, a scalar target) is no count of items, so it is passed over.
+    A batch of per-sample records, not collated into tensors, is counted by its records: a list
+    of dicts with the same keys (``collate_fn=lambda b: b``), or the column of such dicts of a
+    detection batch (``collate_fn=lambda b: tuple(zip(*b))``: a tuple of images and a tuple of
+    target dicts), where the first tensor, an image, has the channels as its first dimension.
     Batches of one loader share a structure, so after the first one the count is an index or two
     and a type check, not a walk. ``first`` tells that the tensor is ``batch[0]`` of a tuple or
     list batch, with a dimension, which the patched loader then reads inline (this runs once
     per batch).
     """
 
-    __slots__ = ("tensor", "path", "first")
+    __slots__ = ("tensor", "path", "first", "records")
 
     def __init__(self) -> None:
         import torch
@@ -283,8 +287,21 @@ class ItemsCounter:
         self.tensor = torch.Tensor
         self.path: Optional[List[Any]] = None
         self.first = False
+        #: where the batch's sequence of per-sample records is (``[]``: the batch itself, ``[k]``:
+        #: its element k), once found; None: not looked for yet, or none
+        self.records: Optional[List[Any]] = None
 
     def __call__(self, batch: Any) -> Optional[int]:
+        if self.records is not None:
+            node = batch[self.records[0]] if self.records else batch
+            if isinstance(node, (tuple, list)) and node and isinstance(node[0], Mapping):
+                return len(node)
+            self.records = None
+        if self.path is None:  # the first batch (or one that changed its shape): records?
+            self.records = _records_at(batch)
+            if self.records is not None:
+                node = batch[self.records[0]] if self.records else batch
+                return len(node)
         if self.path is not None:
             node = batch
             try:
@@ -303,6 +320,32 @@ class ItemsCounter:
             return 1
         self.first = self.path == [0] and isinstance(batch, (tuple, list))
         return int(tensor.shape[0])
+
+
+def _records_at(batch: Any) -> Optional[List[Any]]:
+    """Where ``batch`` holds a sequence of per-sample records (dicts with the same keys, holding
+    tensors): ``[]`` when it is one (two records at least: a list of one dict may be a collated
+    batch), ``[k]`` when its element ``k`` is one and every element is a sequence (the columns
+    of ``tuple(zip(*samples))``); else None."""
+    if not isinstance(batch, (tuple, list)) or not batch:
+        return None
+    if _is_records(batch, 2):
+        return []
+    if all(isinstance(col, (tuple, list)) for col in batch):
+        for k, col in enumerate(batch):
+            if _is_records(col, 1):
+                return [k]
+    return None
+
+
+def _is_records(seq: Any, least: int) -> bool:
+    if not isinstance(seq, (tuple, list)) or len(seq) < least:
+        return False
+    first = seq[0]
+    if not isinstance(first, Mapping) or _find_tensor(first) is None:
+        return False
+    keys = set(first)
+    return all(isinstance(r, Mapping) and set(r) == keys for r in seq)
 
 
 def _find_tensor(batch: Any) -> Optional[Tuple[List[Any], Any]]:
