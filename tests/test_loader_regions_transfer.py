@@ -387,6 +387,14 @@ def test_region_name_validation(bad):
         tk.profile_region(bad)
 
 
+def test_region_used_bare_as_a_decorator_says_to_name_it():
+    def forward(x):
+        return x
+
+    with pytest.raises(ValueError, match=r"used bare as a decorator.*@tk\.profile_region\('forward'\)"):
+        tk.profile_region(forward)
+
+
 def test_region_decorates_only_callables():
     with pytest.raises(TypeError, match="decorates a function"):
         tk.profile_region("x")(42)

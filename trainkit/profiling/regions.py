@@ -113,6 +113,12 @@ def record_function(name: str) -> Any:
 def check_name(name: Any, what: str = "profile_region") -> str:
     if name.__class__ is str and name in _checked:
         return name
+    if what == "profile_region" and callable(name) and not isinstance(name, str):
+        fn = getattr(name, "__name__", "forward")
+        fn = fn if isinstance(fn, str) and _NAME.match(fn) else "forward"
+        raise ValueError(f"profile_region({name!r}): used bare as a decorator, it took the "
+                         f"function for the region's name; give it one, e.g. "
+                         f"@tk.profile_region({fn!r})")
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"{what}({name!r}): name must be a non-empty str of letters, digits, '_', "
                          f"'.', '-' (and '/' between parts), e.g. {what}('forward')")
