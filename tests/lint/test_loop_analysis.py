@@ -453,6 +453,41 @@ def test_tk106_not_reported_for_the_blocks_own_optimizer() -> None:
     assert _pairs(keyword.replace("self.opt.zero_grad()", "self.model.zero_grad()")) == [("TK106", 8)]
 
 
+def test_tk106_not_reported_for_an_optimizer_an_outer_or_sibling_block_holds() -> None:
+    # A GAN accumulating both halves: each zero_grad() is held by one of the two blocks (only the
+    # first block of the `with` was asked: "`oG.zero_grad()` runs inside `tk.accumulate(...)`, which
+    # holds only `oD.zero_grad()`", an error).
+    gan = """
+    import trainkit as tk
+    def train(G, D, loader, oG, oD):
+        with tk.accumulate(2, oD), tk.accumulate(2, oG):
+            for real in loader:
+                D(G(z).detach()).mean().backward()
+                oD.step()
+                oD.zero_grad()
+                (-D(G(z)).mean()).backward()
+                oG.step()
+                oG.zero_grad()
+    """
+    assert _pairs(gan) == []
+    nested = """
+    import trainkit as tk
+    def train(G, D, loader, oG, oD):
+        with tk.accumulate(2, oD):
+            with tk.accumulate(2, oG):
+                for real in loader:
+                    D(G(z).detach()).mean().backward()
+                    oD.step()
+                    oD.zero_grad()
+                    (-D(G(z)).mean()).backward()
+                    oG.step()
+                    oG.zero_grad()
+    """
+    assert _pairs(nested) == []
+    # a model neither block was given still wipes
+    assert _pairs(gan.replace("oG.zero_grad()", "G.zero_grad()")) == [("TK106", 11)]
+
+
 def test_tk106_not_reported_outside_the_block_or_before_its_first_backward() -> None:
     after = _TK106.replace("            model.zero_grad()\n", "") + "    model.zero_grad()\n"
     assert _pairs(after) == []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Set, Tuple
 
 from trainkit.lint._accumulating import (Accumulation, accumulating_loops, runs_with, stepped_by_another,
                                          tk_accumulate_with)
@@ -400,6 +400,29 @@ def _runs_in_a_window(ctx: FileContext, call: ast.Call, block: ast.AST) -> bool:
     return any(isinstance(n, ast.Call) and ctx.is_backward(n) and pos(n) < here for n in ast.walk(block))
 
 
+def _held_by(acc: ast.Call) -> Tuple[Optional[ast.expr], Optional[ast.expr]]:
+    """The optimizer and the ``model=`` of a ``tk.accumulate(n, optimizer, model=...)`` call."""
+    optimizer = acc.args[1] if len(acc.args) > 1 else next(
+        (k.value for k in acc.keywords if k.arg == "optimizer"), None)
+    model = next((k.value for k in acc.keywords if k.arg == "model"), None)
+    return optimizer, model
+
+
+def _held_by_outer_blocks(ctx: FileContext, node: ast.AST) -> Set[Optional[str]]:
+    """The optimizers and models whose ``zero_grad()`` every ``tk.accumulate`` block around
+    ``node`` holds: a GAN's ``with tk.accumulate(n, opt_d), tk.accumulate(n, opt_g):`` holds both
+    (the innermost block alone holds only one)."""
+    out: Set[Optional[str]] = set()
+    for parent in ctx.ancestors(node):
+        if isinstance(parent, (ast.With, ast.AsyncWith)):
+            for item in parent.items:
+                expr = item.context_expr
+                if isinstance(expr, ast.Call) and (ctx.qualname(expr.func) or "").startswith("trainkit.") \
+                        and (ctx.qualname(expr.func) or "").endswith(".accumulate"):
+                    out.update(dotted(given) for given in _held_by(expr) if given is not None)
+    return out
+
+
 @rule(
     "TK106",
     name="zero-grad-not-held-inside-accumulate",
@@ -428,11 +451,9 @@ def check_zero_grad_not_held_inside_accumulate(ctx: FileContext) -> Iterator[Hit
         owner = dotted(call.func.value)
         if owner is None or (ctx.qualname(call.func.value) or "").startswith("torch."):
             continue  # `opts[i].zero_grad()`, `get_model().zero_grad()`, `nn.Module.zero_grad(m)`: unknown
-        optimizer = acc.args[1] if len(acc.args) > 1 else next(
-            (k.value for k in acc.keywords if k.arg == "optimizer"), None)
-        model = next((k.value for k in acc.keywords if k.arg == "model"), None)
+        optimizer, model = _held_by(acc)
         held = [dotted(given) for given in (optimizer, model) if given is not None]
-        if owner in held or ctx.is_optimizer(owner):
+        if owner in held or ctx.is_optimizer(owner) or owner in _held_by_outer_blocks(ctx, call):
             continue  # held by the block, or another optimizer zeroing only its own parameters
         if not _runs_in_a_window(ctx, call, block):
             continue
