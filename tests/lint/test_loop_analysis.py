@@ -588,6 +588,9 @@ def test_item_of_a_tensor_made_on_the_cpu_is_no_sync() -> None:
     assert _pairs(src) == []
     assert _pairs(src.replace("torch.rand(1)", 'torch.rand(1, device="cuda")')) == [("TK302", 4)]
     assert _pairs(src.replace("torch.rand(1)", "torch.rand_like(x)")) == [("TK302", 4)]
+    assert _pairs(src.replace("torch.rand(1)", "torch.tensor([0.5, -1])")) == []
+    # torch.tensor of a tensor is made on that tensor's device: maybe a GPU
+    assert _pairs(src.replace("torch.rand(1)", "torch.tensor(q_values)")) == [("TK302", 4)]
     moved = src.replace("import torch", 'import torch\n    torch.set_default_device("cuda")')
     assert _pairs(moved) == [("TK302", 5), ("TK302", 6)]
 

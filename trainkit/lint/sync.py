@@ -129,7 +129,18 @@ def _made_on_host(ctx: FileContext, expr: ast.expr) -> bool:
     parts = name.split(".")
     if len(parts) != 2 or parts[0] != "torch" or parts[1] not in _HOST_FACTORIES:
         return False
+    if parts[1] == "tensor" and not (expr.args and _literal(expr.args[0])):
+        return False  # torch.tensor(t) of a tensor is made on t's device: maybe a GPU
     return not _default_device_changed(ctx)
+
+
+def _literal(node: ast.expr) -> bool:
+    """A number or a list/tuple of them written out: ``3``, ``[1.0, 2.0]``, ``((1, 2), (3, 4))``."""
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.UnaryOp):
+        return _literal(node.operand)
+    return isinstance(node, (ast.List, ast.Tuple)) and all(_literal(e) for e in node.elts)
 
 
 def _default_device_changed(ctx: FileContext) -> bool:
