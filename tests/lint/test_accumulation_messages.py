@@ -14,8 +14,10 @@ import pytest
 from trainkit.lint import lint_source
 
 
+# TK112 (a short last window never stepped) fires on most of these loops; it has its own tests
+# (test_leftover_window_rule.py), these are about other rules.
 def _by_code(source: str) -> Dict[str, str]:
-    return {f.code: f"{f.message}; fix: {f.fix}" for f in lint_source(textwrap.dedent(source))}
+    return {f.code: f"{f.message}; fix: {f.fix}" for f in lint_source(textwrap.dedent(source), ignore="TK112")}
 
 
 UNDIVIDED = """

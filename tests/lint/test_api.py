@@ -125,8 +125,8 @@ def test_lint_paths_reports_paths_as_given(tmp_path: Path) -> None:
 
 def test_registry_codes_severities_and_texts() -> None:
     assert sorted(RULES) == [
-        "TK101", "TK102", "TK103", "TK104", "TK105", "TK106", "TK107", "TK108", "TK109", "TK110", "TK111", "TK201",
-        "TK202", "TK301", "TK302", "TK401", "TK402", "TK501", "TK502",
+        "TK101", "TK102", "TK103", "TK104", "TK105", "TK106", "TK107", "TK108", "TK109", "TK110", "TK111", "TK112",
+        "TK201", "TK202", "TK301", "TK302", "TK401", "TK402", "TK501", "TK502",
     ]
     for code, rule in RULES.items():
         assert re.fullmatch(r"TK\d{3}", code) and rule.code == code
@@ -136,7 +136,7 @@ def test_registry_codes_severities_and_texts() -> None:
                                                                           "TK107", "TK108", "TK109", "TK111", "TK201",
                                                                           "TK202"}
     assert {c for c, r in RULES.items() if r.severity == "advice"} == {"TK402", "TK501", "TK502"}
-    assert {c for c, r in RULES.items() if r.severity == "warning"} == {"TK110", "TK301", "TK302", "TK401"}
+    assert {c for c, r in RULES.items() if r.severity == "warning"} == {"TK110", "TK112", "TK301", "TK302", "TK401"}
 
 
 def test_docs_have_a_paragraph_per_rule() -> None:

@@ -45,10 +45,12 @@ DIVIDED = {
 }
 
 
+# TK112 (a short last window never stepped) fires on most of these loops; it has its own tests
+# (test_leftover_window_rule.py), these are about other rules.
 def _codes(divide: str) -> list:
     src = textwrap.dedent(LOOP).replace("{divide}", textwrap.dedent(divide).strip("\n")
                                         .replace("\n", "\n            ").join(["            ", ""]))
-    return [f.code for f in lint_source(src)]
+    return [f.code for f in lint_source(src, ignore="TK112")]
 
 
 @pytest.mark.parametrize("how", sorted(DIVIDED))

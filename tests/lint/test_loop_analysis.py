@@ -17,8 +17,10 @@ from trainkit.lint import lint_source
 needs_match = pytest.mark.skipif(sys.version_info < (3, 10), reason="match statements need Python 3.10+")
 
 
+# TK112 (a short last window never stepped) fires on most of these loops; it has its own tests
+# (test_leftover_window_rule.py), these are about other rules.
 def _pairs(source: str, **kwargs: object) -> List[Tuple[str, int]]:
-    return [(f.code, f.line) for f in lint_source(textwrap.dedent(source), **kwargs)]  # type: ignore[arg-type]
+    return [(f.code, f.line) for f in lint_source(textwrap.dedent(source), **{"ignore": "TK112", **kwargs})]  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- TK102/TK103: who accumulates
@@ -144,7 +146,7 @@ def test_apex_scale_loss_follows_the_loss_it_scales() -> None:
     """
     assert _pairs(src) == []
     undivided = src.replace("loss = loss / args.gradient_accumulation_steps", "pass")
-    findings = lint_source(textwrap.dedent(undivided))
+    findings = lint_source(textwrap.dedent(undivided), ignore="TK112")
     assert [(f.code, f.line) for f in findings] == [("TK102", 8), ("TK102", 10)]
     assert "`loss` is never divided" in findings[0].message
 

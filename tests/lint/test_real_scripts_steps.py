@@ -11,8 +11,10 @@ from typing import List, Tuple
 from trainkit.lint import lint_source
 
 
+# TK112 (a short last window never stepped) fires on most of these loops; it has its own tests
+# (test_leftover_window_rule.py), these are about other rules.
 def _pairs(source: str) -> List[Tuple[str, int]]:
-    return [(f.code, f.line) for f in lint_source(textwrap.dedent(source))]
+    return [(f.code, f.line) for f in lint_source(textwrap.dedent(source), ignore="TK112")]
 
 
 # --------------------------------------------------------------------------- TK202

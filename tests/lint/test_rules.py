@@ -11,8 +11,10 @@ from tests.lint._helpers import BAD, CLEAN, FIXTURES, expected, ids
 from trainkit.lint import RULES, lint_paths, lint_source
 
 
+# TK112 (a short last window never stepped) fires on most of these loops; it has its own tests
+# (test_leftover_window_rule.py), these are about other rules.
 def _pairs(source: str, **kwargs: object) -> List[Tuple[str, int]]:
-    return [(f.code, f.line) for f in lint_source(textwrap.dedent(source), **kwargs)]  # type: ignore[arg-type]
+    return [(f.code, f.line) for f in lint_source(textwrap.dedent(source), **{"ignore": "TK112", **kwargs})]  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("path", BAD, ids=ids(BAD))
@@ -114,7 +116,7 @@ def test_anonymous_loss_is_reported_by_expression() -> None:
             opt.step()
             opt.zero_grad()
     """
-    findings = lint_source(textwrap.dedent(src))
+    findings = lint_source(textwrap.dedent(src), ignore="TK112")
     assert [(f.code, f.line) for f in findings] == [("TK102", 3)]
     assert "criterion(model(x), y)" in findings[0].message
     assert "tk.accumulate(n, optimizer)" in findings[0].fix

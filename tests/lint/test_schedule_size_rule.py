@@ -12,8 +12,10 @@ from typing import Dict, List, Tuple
 from trainkit.lint import RULES, lint_source
 
 
+# TK112 (a short last window never stepped) fires on most of these loops; it has its own tests
+# (test_leftover_window_rule.py), these are about other rules.
 def _pairs(source: str) -> List[Tuple[str, int]]:
-    return [(f.code, f.line) for f in lint_source(textwrap.dedent(source))]
+    return [(f.code, f.line) for f in lint_source(textwrap.dedent(source), ignore="TK112")]
 
 
 def _texts(source: str) -> Dict[int, str]:

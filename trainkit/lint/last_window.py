@@ -124,18 +124,39 @@ def _last_batch(ctx: FileContext, expr: ast.expr, positive: bool, every: ast.exp
     return expr if isinstance(op, at_end if positive else before_end) else None
 
 
-def _step_alternatives(acc: Accumulation) -> Optional[Tuple[ast.BinOp, ast.expr]]:
-    """The step's ``%`` test and a last-batch alternative to it (``... or i + 1 == len(loader)``), if both."""
+def step_test(acc: Accumulation) -> Optional[Tuple[ast.BinOp, List[_Alt]]]:
+    """The step's ``%`` test and the alternatives any one of which runs the step (through early exits
+    and named tests), when the step sits under an ``if`` whose test uses ``%``."""
     guard, loop = acc.guard, acc.loop
     side = loop.side_of(acc.step, guard)
     if not isinstance(guard, ast.If) or side is None:
         return None
     alternatives = _alternatives(loop.resolved(guard.test), side == "body")
     modulo = next((found for expr, _ in alternatives for found in [find_modulo(expr)] if found is not None), None)
-    if modulo is None:
+    return (modulo, alternatives) if modulo is not None else None
+
+
+def last_batch_alternative(ctx: FileContext, modulo: ast.BinOp, alternatives: List[_Alt]) -> Optional[ast.expr]:
+    """The last-batch test among the step's alternatives (``... or i + 1 == len(loader)``), if any."""
+    return next((found for expr, positive in alternatives if find_modulo(expr) is None
+                 for found in [_last_batch(ctx, expr, positive, modulo.right)] if found is not None), None)
+
+
+def mentions_last_batch(ctx: FileContext, expr: ast.expr, every: ast.expr) -> bool:
+    """Whether any part of ``expr`` is a last-batch test, either way round (``i + 1 == len(loader)``,
+    ``i + 1 != len(loader)``, ``is_last``), wherever it sits in the ``and``/``or``/``not``."""
+    return any(isinstance(sub, (ast.Compare, ast.Name, ast.Attribute, ast.BoolOp))
+               and (_last_batch(ctx, sub, True, every) is not None or _last_batch(ctx, sub, False, every) is not None)
+               for sub in ast.walk(expr))
+
+
+def _step_alternatives(acc: Accumulation) -> Optional[Tuple[ast.BinOp, ast.expr]]:
+    """The step's ``%`` test and a last-batch alternative to it (``... or i + 1 == len(loader)``), if both."""
+    found = step_test(acc)
+    if found is None:
         return None
-    last = next((found for expr, positive in alternatives if find_modulo(expr) is None
-                 for found in [_last_batch(loop.ctx, expr, positive, modulo.right)] if found is not None), None)
+    modulo, alternatives = found
+    last = last_batch_alternative(acc.loop.ctx, modulo, alternatives)
     return (modulo, last) if last is not None else None
 
 
