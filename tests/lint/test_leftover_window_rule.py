@@ -345,6 +345,21 @@ def test_loops_over_steps_endless_loaders_and_counters_that_run_across_epochs() 
                     optimizer.zero_grad()
     """
     assert _pairs(global_step) == []
+    micro_batches = """
+    def train(model, batches, optimizer, n):
+        for batch in batches:
+            chunks = batch.chunk(n)
+            for i, chunk in enumerate(chunks):
+                (model(chunk) / n).backward()
+                if (i + 1) % n == 0:
+                    optimizer.step()
+                    optimizer.zero_grad()
+    """
+    assert _pairs(micro_batches) == []
+    assert _pairs(micro_batches.replace("chunks = batch.chunk(n)", "parts = batch.split(size)")
+                  .replace("enumerate(chunks)", "enumerate(parts)")) == []
+    assert _pairs(micro_batches.replace("chunks = batch.chunk(n)\n            ", "").replace("enumerate(chunks)",
+                                                                                 "enumerate(micro_batches)")) == []
     plain_target = """
     def train(model, steps, optimizer, n):
         for step in steps:

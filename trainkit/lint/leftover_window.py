@@ -45,12 +45,15 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _WRAPPERS = frozenset({"enumerate", "tqdm", "iter"})
 # What a name iterated over may be bound to that never ends, or counts steps: ``cycle(loader)``, ``range(n)``.
 _ENDLESS = re.compile(r"cycle|count|repeat|range|islice|infinite|endless|forever|loop", re.IGNORECASE)
+# A batch cut into micro-batches (``batch.chunk(n)``, ``micro_batches``): likely exactly ``n`` of them.
+_MICRO = re.compile(r"micro|accum|chunk|split", re.IGNORECASE)
 
 
 def _loader_and_index(ctx: FileContext, loop: ast.AST) -> Optional[Tuple[str, Optional[str], int]]:
     """``("loader", "i", 0)`` for ``for i, batch in enumerate(tqdm(loader)):`` (the loader, the index
     and where it starts); ``("loader", None, 0)`` without ``enumerate``; None for a ``while``,
-    ``range(...)``, a name bound to ``itertools.cycle(...)``, or anything but a plain name."""
+    ``range(...)``, a name bound to ``itertools.cycle(...)``, a batch cut into micro-batches
+    (``micro_batches``, ``chunks = batch.chunk(n)``: likely ``n`` of them), or anything but a plain name."""
     if not isinstance(loop, (ast.For, ast.AsyncFor)):
         return None
     it: ast.expr = loop.iter
@@ -64,8 +67,11 @@ def _loader_and_index(ctx: FileContext, loop: ast.AST) -> Optional[Tuple[str, Op
     loader = dotted(it)
     if loader is None:
         return None
+    if _MICRO.search(loader.split(".")[-1]):
+        return None
     for value in ctx.assignments.get(loader, []):
-        if isinstance(value, ast.Call) and _ENDLESS.search(dotted(value.func) or ""):
+        if isinstance(value, ast.Call) and (_ENDLESS.search(dotted(value.func) or "")
+                                            or _MICRO.search((dotted(value.func) or "").split(".")[-1])):
             return None
     if enum is None:
         return loader, None, 0
