@@ -391,3 +391,43 @@ def test_a_window_of_one_a_literal_multiple_and_a_loop_that_does_not_accumulate(
             print(i)
     """
     assert _pairs(every_batch) == []
+
+
+def test_the_flush_after_a_batch_loop_does_not_make_its_function_a_step_function() -> None:
+    # The fix asks for a step after the batch loop, outside any loop of the function: that function
+    # is still a whole epoch, and the epoch loop calling it no training loop (no TK301/TK302 there).
+    src = """
+    import torch
+    def train_epoch(model, loader, optimizer, n):
+        for i, (x, y) in enumerate(loader):
+            loss = model(x, y) / n
+            loss.backward()
+            if (i + 1) % n == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+        if (i + 1) % n != 0:
+            optimizer.step()
+            optimizer.zero_grad()
+        return loss
+
+    for epoch in range(10):
+        loss = train_epoch(model, loader, optimizer, 4)
+        print(f"epoch {epoch} loss {loss.item()}")
+        torch.cuda.empty_cache()
+    """
+    assert [(f.code, f.line) for f in lint_source(textwrap.dedent(src))] == []
+    # a step function with a critic's loop of its own still is one
+    gan = """
+    import torch
+    def train_step(x, opt_d, opt_g, n_critic):
+        for _ in range(n_critic):
+            d_loss(x).backward()
+            opt_d.step()
+        g_loss(x).backward()
+        opt_g.step()
+
+    for x in loader:
+        train_step(x, opt_d, opt_g, 5)
+        torch.cuda.empty_cache()
+    """
+    assert [(f.code, f.line) for f in lint_source(textwrap.dedent(gan))] == [("TK301", 12)]

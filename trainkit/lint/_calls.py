@@ -4,7 +4,8 @@
 ``self._run_batch(x, y)`` from a batch loop, or timm's ``_backward(loss)`` defined in the loop
 body: the loop trains through the call. A function whose backward or step sits inside a loop of
 its own (``def train(...): for x in loader: ...``) is a whole epoch, not a step: the epoch loop
-that calls it is not a training loop.
+that calls it is not a training loop; so is one holding a batch loop that steps, with one more step
+after it for a short last window (TK112's fix).
 """
 from __future__ import annotations
 
@@ -17,23 +18,54 @@ if TYPE_CHECKING:
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 # Not part of one call of the function: nested scopes, and loops (a loop makes it an epoch).
 _SKIPPED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.For, ast.AsyncFor, ast.While)
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+
+
+def _is_batch_loop(ctx: "FileContext", loop: ast.AST) -> bool:
+    """A ``for`` over anything but ``range(...)`` whose body runs both a backward and a step: a pass
+    over the data that updates as it goes (a critic's ``for _ in range(n_critic):`` is part of a step)."""
+    if not isinstance(loop, (ast.For, ast.AsyncFor)):
+        return False
+    it = loop.iter
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in ("range", "trange"):
+        return False
+    backward = step = False
+    stack: List[ast.AST] = list(loop.body)
+    while stack and not (backward and step):
+        current = stack.pop()
+        if isinstance(current, _SCOPES):
+            continue
+        if isinstance(current, ast.Call):
+            backward = backward or ctx.is_backward(current)
+            step = step or ctx.is_step(current)
+        stack.extend(ast.iter_child_nodes(current))
+    return backward and step
 
 
 def step_function_names(ctx: "FileContext") -> FrozenSet[str]:
-    """Names of the file's functions and methods whose own body, outside loops, runs backward or a step."""
+    """Names of the file's functions and methods whose own body, outside loops, runs backward or a step.
+
+    Not a function that also holds a batch loop of its own (see :func:`_is_batch_loop`): its step
+    after that loop steps a short last window (TK112's fix), and the function is a whole epoch.
+    """
     found: Set[str] = set()
     for node in ctx.nodes:
         if not isinstance(node, _FUNCTIONS) or node.name in found:
             continue
         stack: List[ast.AST] = list(node.body)
-        while stack:
+        steps = epoch = False
+        while stack and not epoch:
             current = stack.pop()
+            if isinstance(current, _LOOPS):
+                epoch = _is_batch_loop(ctx, current)
             if isinstance(current, _SKIPPED):
                 continue
             if isinstance(current, ast.Call) and (ctx.is_backward(current) or ctx.is_step(current)):
-                found.add(node.name)
-                break
+                steps = True
             stack.extend(ast.iter_child_nodes(current))
+        if steps and not epoch:
+            found.add(node.name)
     return frozenset(found)
 
 
