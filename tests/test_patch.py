@@ -238,6 +238,11 @@ def test_patch_refuses_a_list_of_optimizers_and_patches_none(container):
     assert "step" not in g.__dict__ and "step" not in d.__dict__
     batches = container([(torch.ones(2, 8), torch.zeros(2))])  # a list of batches is a loader
     assert list(tk.patch(batches)) == list(batches)
+    tk.patch(g)
+    with pytest.raises(TypeError, match=r"unpatch\(\[SGD, Adam\]\).*tk\.unpatch\(opt_g\)"):
+        tk.unpatch([g, d])  # returned the list, g still patched
+    assert "step" in g.__dict__
+    tk.unpatch(g)
 
 
 def test_patch_compile_flag_must_be_bool_and_only_for_optimizers():

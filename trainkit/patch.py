@@ -359,15 +359,9 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
     if isinstance(obj, PatchedLoader):
         return obj
     kind = None
-    if isinstance(obj, (list, tuple)) and any(
-            isinstance(x, torch.optim.Optimizer) for x in obj[:8]):
-        # A GAN's pair, tk.patch([opt_g, opt_d]): iterable, so it became a "loader" of
-        # optimizers, and neither optimizer was patched (no step counted, nothing said).
-        names = ", ".join(type(x).__name__ for x in obj[:4]) + (", ..." if len(obj) > 4 else "")
-        shown = f"[{names}]" if isinstance(obj, list) else f"({names})"
-        raise TypeError(f"patch({shown}): a {type(obj).__name__} of optimizers is patched "
-                        f"one optimizer at a time, e.g. tk.patch(opt_g); tk.patch(opt_d) (or "
-                        f"for opt in optimizers: tk.patch(opt))")
+    # A GAN's pair, tk.patch([opt_g, opt_d]): iterable, so it became a "loader" of optimizers,
+    # and neither optimizer was patched (no step counted, nothing said).
+    _refuse_optimizers_in_a_sequence(obj, "patch")
     if isinstance(obj, (str, bytes, dict, torch.Tensor)):
         kind = type(obj).__name__
     elif isinstance(obj, torch.nn.Module):
@@ -386,6 +380,18 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
     return wrap(source, obj)
 
 
+def _refuse_optimizers_in_a_sequence(obj: Any, what: str) -> None:
+    import torch
+
+    if isinstance(obj, (list, tuple)) and any(
+            isinstance(x, torch.optim.Optimizer) for x in obj[:8]):
+        names = ", ".join(type(x).__name__ for x in obj[:4]) + (", ..." if len(obj) > 4 else "")
+        shown = f"[{names}]" if isinstance(obj, list) else f"({names})"
+        raise TypeError(f"{what}({shown}): a {type(obj).__name__} of optimizers is {what}ed "
+                        f"one optimizer at a time, e.g. tk.{what}(opt_g); tk.{what}(opt_d) (or "
+                        f"for opt in optimizers: tk.{what}(opt))")
+
+
 def unpatch(obj: Any) -> Any:
     """Undo :func:`patch`: the optimizer is restored in place; a loader's original is returned.
 
@@ -397,6 +403,7 @@ def unpatch(obj: Any) -> Any:
 
     if isinstance(obj, PatchedLoader):
         return obj.original
+    _refuse_optimizers_in_a_sequence(obj, "unpatch")  # it returned the list, each still patched
     if hasattr(obj, "__dict__") and _ATTR in obj.__dict__:
         return _unpatch_optimizer(obj)
     inner = inner_optimizer(obj)
