@@ -431,3 +431,25 @@ def test_the_flush_after_a_batch_loop_does_not_make_its_function_a_step_function
         torch.cuda.empty_cache()
     """
     assert [(f.code, f.line) for f in lint_source(textwrap.dedent(gan))] == [("TK301", 12)]
+
+
+def test_the_flush_in_the_epoch_loop_does_not_make_its_once_per_epoch_calls_per_step() -> None:
+    src = """
+    import torch
+    for epoch in range(10):
+        for i, (x, y) in enumerate(loader):
+            loss = model(x, y) / n
+            loss.backward()
+            if (i + 1) % n == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+        if (i + 1) % n != 0:
+            optimizer.step()
+            optimizer.zero_grad()
+        print(f"epoch {epoch} loss {loss.item()}")
+        torch.cuda.empty_cache()
+    """
+    assert [(f.code, f.line) for f in lint_source(textwrap.dedent(src))] == []
+    # the batch loop's own per-step calls still are
+    per_step = src.replace("            loss.backward()\n", "            loss.backward()\n            torch.cuda.empty_cache()\n")
+    assert [(f.code, f.line) for f in lint_source(textwrap.dedent(per_step))] == [("TK301", 7)]

@@ -268,6 +268,23 @@ class FileContext:
         loops.sort(key=pos)
         return [TrainingLoop(self, loop, self._region(loop)) for loop in loops if self.is_training_loop(loop)]
 
+    @cached_property
+    def epoch_loops(self) -> FrozenSet[int]:
+        """Ids of the loops around a batch loop: the nearest loop (in its function) enclosing a training
+        loop that is a ``for`` over anything but ``range(...)`` (a pass over the data)."""
+        out: Set[int] = set()
+        for loop in self.training_loops:
+            it = getattr(loop.node, "iter", None)
+            if it is None or (isinstance(it, ast.Call) and dotted(it.func) in ("range", "trange")):
+                continue
+            for parent in self.ancestors(loop.node):
+                if isinstance(parent, _SCOPES):
+                    break
+                if isinstance(parent, _LOOPS):
+                    out.add(id(parent))
+                    break
+        return frozenset(out)
+
     def ancestors(self, node: ast.AST, *, stop: Optional[ast.AST] = None) -> Iterator[ast.AST]:
         """Yield the parents of ``node`` up to (not including) ``stop`` or the module."""
         current = self.parents.get(node)
@@ -315,3 +332,9 @@ class TrainingLoop(Branching):
     def step_calls(self) -> List[ast.Call]:
         """The optimizer / scaler ``.step(`` calls of the iteration."""
         return [c for c in self.calls if self.ctx.is_step(c)]
+
+    @cached_property
+    def per_epoch(self) -> bool:
+        """An epoch loop that steps but runs no backward of its own: it holds a batch loop, and its own
+        step (one for a short last window, as TK112 asks) runs once per pass, not at every batch."""
+        return id(self.node) in self.ctx.epoch_loops and not self.backward_calls

@@ -32,6 +32,8 @@ _FIXES = {
 def check_flush_every_step(ctx: FileContext) -> Iterator[Hit]:
     """Flag an unconditional ``empty_cache()`` / ``gc.collect()`` inside a training loop."""
     for loop in ctx.training_loops:
+        if loop.per_epoch:
+            continue  # a step once per epoch, after the batch loop (TK112's fix)
         for call in loop.calls:
             qual = ctx.qualname(call.func)
             if qual in _FLUSHES and not loop.is_conditional(call):

@@ -197,6 +197,8 @@ def check_host_sync(ctx: FileContext) -> Iterator[Hit]:
     waits = ("waits for the GPU on every training step" if ctx.mentions_cuda
              else "forces a device sync on every training step (the CPU waits for the GPU when there is one)")
     for loop in ctx.training_loops:
+        if loop.per_epoch:
+            continue  # a step once per epoch, after the batch loop (TK112's fix)
         tensors = {n for n in (loss_of(loop, c) for c in loop.backward_calls) if n}
         numbers = _python_numbers(ctx, loop) - tensors
         for call in loop.calls:
