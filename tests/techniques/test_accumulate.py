@@ -413,6 +413,35 @@ def test_other_losses_do_not_warn(divide):
     assert _amp_window_loop(divide) == []
 
 
+def _two_losses_loop(weight_ce, weight_aux):
+    """Two losses, two amp.backward calls a micro-batch (retain_graph), under accumulate(2)."""
+    import warnings
+
+    body, head, aux = torch.nn.Linear(3, 4), torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD([*body.parameters(), *head.parameters(), *aux.parameters()], lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with tk.accumulate(2, opt):
+            for _ in range(4):
+                with tk.autocast_scaled(dtype="fp32") as amp:
+                    h = body(torch.ones(2, 3))
+                    ce, extra = head(h).mean(), aux(h).pow(2).mean()
+                amp.backward(weight_ce(ce), retain_graph=True)
+                amp.backward(weight_aux(extra))
+                amp.step(opt)
+                opt.zero_grad()
+    return [w for w in caught if "divided by 2" in str(w.message)]
+
+
+def test_a_second_loss_weighted_by_1_over_n_is_no_loss_divided_by_n():
+    # amp.backward(0.5 * aux) under accumulate(2): the aux loss's weight, not a division by the
+    # window. It warned "the update is 2x too small" about a correct loop.
+    assert _two_losses_loop(lambda l: l, lambda l: 0.5 * l) == []
+    assert _two_losses_loop(lambda l: l / 2, lambda l: l) == []
+    both = _two_losses_loop(lambda l: l / 2, lambda l: l * 0.5)  # every loss divided: the mistake
+    assert len(both) == 1 and both[0].filename == __file__  # said at the user's step() call
+
+
 def test_acc_stepped_steps_a_scheduler_once_per_window_as_the_big_batch_does():
     """``if acc.stepped: scheduler.step()``: the LR moves once per real step (windows 4, 4, 2),
     as in the big-batch loop; at every micro-batch it would fall 4x too fast."""

@@ -81,6 +81,9 @@ class Accumulator:
         self._unsynced = False  # the window's last backward ran with DDP/FSDP2 sync off
         self._sync = True  # what the forward pre-hook last set
         self._warned_divided = False
+        #: this micro-batch's amp.backward calls, and those whose loss was divided by n
+        self._backwards = 0
+        self._divided_backwards = 0
         #: set by ``amp.step``: performs the window's step through the GradScaler.
         self.amp_step: Optional[Callable[[], Any]] = None
         self._amp_stepping = False  # amp.step's own scaler.step is under way
@@ -115,6 +118,10 @@ class Accumulator:
 
     # -- the gate protocol (trainkit.patch) ------------------------------------------------------
     def should_step(self) -> bool:
+        if self._backwards:  # amp.backward saw this micro-batch's losses: one divided by n?
+            from .divided import check_micro_batch
+
+            check_micro_batch(self)
         if not self.boundary:
             if _is_user_scaler_step():
                 raise RuntimeError(

@@ -3,8 +3,11 @@
 Such a loss cannot be told from the gradients (a gradient scaled by ``1/n`` looks like a smaller
 one). It can be seen where the loss passes through trainkit: ``amp.backward(loss)`` looks at the
 loss's last autograd node, and a literal ``loss / n`` (or ``loss * (1 / n)``) with the open
-window's ``n`` gets one warning per block. A plain ``loss.backward()`` is left to
-``trainkit lint`` (TK104), which finds the division in the source.
+window's ``n`` gets one warning per block. It is said at the micro-batch's ``step()``, and only
+when every ``amp.backward`` of that micro-batch was so divided: in a loop with several losses
+(``amp.backward(ce); amp.backward(0.5 * aux)`` under ``accumulate(2, ...)``) a factor of 1/n on
+one of them is its weight. A plain ``loss.backward()`` is left to ``trainkit lint`` (TK104),
+which finds the division in the source.
 """
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ from .accumulate import _open
 
 
 def warn_if_divided(loss: Any) -> None:
-    """Warn once per block when ``loss`` is literally ``x / n`` or ``x * (1 / n)`` for this ``n``.
+    """Note whether ``loss`` is literally ``x / n`` or ``x * (1 / n)`` for this ``n``: the
+    micro-batch's ``step()`` warns (:func:`check_micro_batch`), once per block, when every
+    backward of the micro-batch was.
 
     Reads only the loss's last autograd node and its saved CPU scalar (no device sync).
     """
@@ -24,26 +29,51 @@ def warn_if_divided(loss: Any) -> None:
     acc = _open[-1]
     if acc.normalize != "mean" or acc.n == 1 or acc._warned_divided:
         return
+    acc._backwards += 1
+    if _divided_by(loss, acc.n):
+        acc._divided_backwards += 1
+
+
+def _divided_by(loss: Any, n: int) -> bool:
     fn = getattr(loss, "grad_fn", None)
     if fn is None:
-        return
+        return False
     name = fn.name()
     if not (name.startswith("DivBackward") or name.startswith("MulBackward")):
-        return
+        return False
     try:
         other = fn._saved_other
     except (AttributeError, RuntimeError):  # not saved, or already freed
-        return
+        return False
     import torch
 
     if not isinstance(other, torch.Tensor) or other.numel() != 1 or other.device.type != "cpu":
-        return
+        return False
     value = float(other)
-    divided = value == acc.n if name.startswith("Div") else abs(value * acc.n - 1.0) < 1e-9
-    if divided:
+    return value == n if name.startswith("Div") else abs(value * n - 1.0) < 1e-9
+
+
+def check_micro_batch(acc: Any) -> None:
+    """At a micro-batch's ``step()``: warn when each of its ``amp.backward`` losses was divided
+    by ``n`` (one of several, a loss's weight, is not), and count the next micro-batch's."""
+    backwards, divided = acc._backwards, acc._divided_backwards
+    acc._backwards = acc._divided_backwards = 0
+    if divided and divided == backwards and not acc._warned_divided:
         acc._warned_divided = True
         warnings.warn(
             f"the loss is divided by {acc.n} inside tk.accumulate({acc.n}, ...), which already "
             f"divides the gradients by the micro-batches in each window: the update is {acc.n}x "
             f"too small. Drop the division (pass the plain per-micro-batch mean loss)",
-            UserWarning, stacklevel=3)
+            UserWarning, stacklevel=_user_frame())
+
+
+def _user_frame() -> int:
+    """The ``stacklevel`` of the first frame outside trainkit (the user's ``step()`` call)."""
+    import os
+    import sys
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame, level = sys._getframe(2), 2  # the caller of check_micro_batch
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
