@@ -411,6 +411,42 @@ def test_tk104_division_by_the_n_given_to_tk_accumulate() -> None:
     assert _pairs(src.replace("loss.div(k)", "loss / num_tokens")) == []
 
 
+def test_tk104_a_second_loss_s_weight_is_no_division_by_the_count() -> None:
+    # Two losses, two backward calls, under tk.accumulate(4): `0.1 * aux` (or `aux / 2`) is the
+    # aux loss's weight. It was an error: "divides the loss by `0.1` ... `0.1` times too small".
+    src = """
+    import trainkit as tk
+    with tk.accumulate(4, optimizer):
+        for x, y in loader:
+            h = body(x)
+            ce = criterion(head(h), y)
+            aux = 0.1 * mse(dec(h), x)
+            ce.backward(retain_graph=True)
+            aux.backward()
+            optimizer.step()
+    """
+    assert _pairs(src) == []
+    assert _pairs(src.replace("0.1 * mse(dec(h), x)", "mse(dec(h), x) / 2")) == []
+    assert _pairs(src.replace("0.1 * mse(dec(h), x)", "0.25 * mse(dec(h), x)")) == []
+    # every loss divided by the count: the mistake, said with the count a multiplier stands for
+    both = src.replace("criterion(head(h), y)", "criterion(head(h), y) * 0.25").replace(
+        "0.1 * mse(dec(h), x)", "mse(dec(h), x) / 4")
+    findings = lint_source(textwrap.dedent(both))
+    assert [(f.code, f.line) for f in findings] == [("TK104", 6), ("TK104", 7)]
+    assert "divides the loss by `4`" in findings[0].message and "`4` times too small" in findings[0].message
+    # one loss: a literal other than the block's count is a scale of its own, not the count
+    one = """
+    import trainkit as tk
+    with tk.accumulate(4, optimizer):
+        for x, y in loader:
+            loss = criterion(model(x), y) / {k}
+            loss.backward()
+            optimizer.step()
+    """
+    assert _pairs(one.format(k=2)) == [] and _pairs(one.format(k=4)) == [("TK104", 5)]
+    assert _pairs(one.format(k=0.3)) == []
+
+
 # --------------------------------------------------------------------------- TK106: zero_grad the block does not hold
 
 

@@ -297,30 +297,59 @@ def check_double_normalisation(ctx: FileContext) -> Iterator[Hit]:
     ``(tok * mask).sum() / mask.sum()`` is the plain loss the block expects.
     """
     for loop in ctx.training_loops:
+        found = []  # (backward, block, the division by the count before it, or None)
         for call in loop.backward_calls:
             block = _accumulate_call(ctx, call)
             if block is None:
                 continue
             name = loss_of(loop, call)
+            hit = None
             for node in normalisations_before(loop, call, name):
                 by = divisor(node, ctx.reciprocal_names)
                 by = through_reciprocal_name(ctx, by) if by is not None else None
-                if by is None or not _is_count(by, block):
-                    continue
-                shown = ast.unparse(node).splitlines()[0]
-                count = ast.unparse(by)
-                yield Hit(
-                    node,
-                    f"`{shown}` divides the loss by `{count}` inside `{ast.unparse(block.func)}(...)` (line "
-                    f"{block.lineno}), which already divides the gradients by the micro-batches in each window: "
-                    f"the update is `{count}` times too small",
-                    "pass the plain per-micro-batch mean loss (drop the division); "
-                    "with `normalize=\"items\"`, count items with `acc.add_items(k)` instead",
-                )
-                break
+                if by is not None and _is_count(by, block):
+                    hit = (node, by)
+                    break
+            found.append((call, block, hit))
+        # Several losses, each its own backward (ce.backward(retain_graph=True); aux.backward()):
+        # one of them scaled by 1/k is that loss's weight, not the window's count. Only when
+        # every backward's loss in the loop is divided is the loss divided.
+        if any(hit is None for _, _, hit in found):
+            continue
+        for _, block, (node, by) in found:
+            shown = ast.unparse(node).splitlines()[0]
+            count = _shown_count(by)
+            yield Hit(
+                node,
+                f"`{shown}` divides the loss by `{count}` inside `{ast.unparse(block.func)}(...)` (line "
+                f"{block.lineno}), which already divides the gradients by the micro-batches in each window: "
+                f"the update is `{count}` times too small",
+                "pass the plain per-micro-batch mean loss (drop the division); "
+                "with `normalize=\"items\"`, count items with `acc.add_items(k)` instead",
+            )
 
 
 _COUNT_RE = re.compile(r"accum|grad_?acc|micro", re.IGNORECASE)
+
+
+def _literal_count(by: ast.Constant) -> Optional[int]:
+    """The count a literal divides by: ``4`` for ``/ 4``, ``4`` for ``* 0.25``; None for a
+    factor that is no 1 / k (``0.3``), or a fractional divisor."""
+    value = by.value
+    if isinstance(value, float) and 0 < value < 1:  # a multiplier: loss * 0.25
+        value = 1 / value
+    if not isinstance(value, (int, float)) or value < 1 or abs(value - round(value)) > 1e-9:
+        return None
+    return int(round(value))
+
+
+def _shown_count(by: ast.expr) -> str:
+    """``by`` as the message shows it: the count a multiplier literal stands for (``4`` for 0.25)."""
+    if isinstance(by, ast.Constant) and isinstance(by.value, float) and 0 < by.value < 1:
+        count = _literal_count(by)
+        if count is not None:
+            return str(count)
+    return ast.unparse(by)
 
 
 def _accumulate_call(ctx: FileContext, node: ast.AST) -> Optional[ast.Call]:
@@ -335,12 +364,19 @@ def _accumulate_call(ctx: FileContext, node: ast.AST) -> Optional[ast.Call]:
 
 
 def _is_count(by: ast.expr, block: ast.Call) -> bool:
-    """Whether ``by`` is the accumulation count of ``block``: its ``n``, a literal, or so named."""
+    """Whether ``by`` is the accumulation count of ``block``: its ``n``, a literal (the very
+    count when the block's is a literal: ``/ 2`` under ``accumulate(4, ...)`` is a loss's weight;
+    a multiplier such as ``0.25``, only as ``1 / n`` of a literal ``n``), or so named."""
     given = block.args[0] if block.args else next((k.value for k in block.keywords if k.arg == "n"), None)
     if given is not None and ast.dump(given) == ast.dump(by):
         return True
     if isinstance(by, ast.Constant) and isinstance(by.value, (int, float)) and not isinstance(by.value, bool):
-        return True
+        n = given.value if isinstance(given, ast.Constant) and isinstance(given.value, int) \
+            and not isinstance(given.value, bool) else None
+        count = _literal_count(by)
+        if count is None:  # a weight such as 0.1 or 0.3: no count divides by it
+            return False
+        return count == n if n is not None else not (isinstance(by.value, float) and by.value < 1)
     name = dotted(by)
     return name is not None and bool(_COUNT_RE.search(name.split(".")[-1]))
 
