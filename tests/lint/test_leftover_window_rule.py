@@ -65,8 +65,8 @@ def test_a_zero_grad_in_the_epoch_loop_throws_the_leftovers_away(zeroing: str) -
 
 
 def test_a_zero_grad_before_the_first_backward_of_the_batch_loop_throws_them_away() -> None:
-    src = HF_STYLE.replace("            loss = model", "            if i % n == 0:\n                optimizer.zero_grad()\n"
-                                                       "            loss = model")
+    src = HF_STYLE.replace("            loss = model",
+                           "            if i % n == 0:\n                optimizer.zero_grad()\n            loss = model")
     assert "thrown away by `optimizer.zero_grad()` (line 6)" in _text(src)
 
 
@@ -193,7 +193,8 @@ def test_a_step_after_the_batch_loop_in_the_epoch_loop_flushes(flush: str) -> No
 
 
 def test_a_flush_before_the_next_pass_a_for_else_or_after_the_loop_of_a_function() -> None:
-    before = HF_STYLE.replace("        for i, batch", "        if epoch:\n            optimizer.step()\n        for i, batch")
+    before = HF_STYLE.replace("        for i, batch",
+                              "        if epoch:\n            optimizer.step()\n        for i, batch")
     assert _pairs(before) == []
     for_else = HF_STYLE + "        else:\n            optimizer.step()\n"
     assert _pairs(for_else) == []
@@ -210,7 +211,8 @@ def test_a_flush_before_the_next_pass_a_for_else_or_after_the_loop_of_a_function
     """
     assert _pairs(function) == []
     # a step before the loop of a function is no flush of its own pass
-    early = function.replace("        if (i + 1) % n:\n            optimizer.step()\n            optimizer.zero_grad()\n", "")
+    early = function.replace("        if (i + 1) % n:\n            optimizer.step()\n"
+                             "            optimizer.zero_grad()\n", "")
     early = early.replace("    for i, (x, y)", "    optimizer.step()\n        for i, (x, y)")
     assert _pairs(early) == [("TK112", 6)]
 
@@ -451,5 +453,6 @@ def test_the_flush_in_the_epoch_loop_does_not_make_its_once_per_epoch_calls_per_
     """
     assert [(f.code, f.line) for f in lint_source(textwrap.dedent(src))] == []
     # the batch loop's own per-step calls still are
-    per_step = src.replace("            loss.backward()\n", "            loss.backward()\n            torch.cuda.empty_cache()\n")
+    per_step = src.replace("            loss.backward()\n",
+                           "            loss.backward()\n            torch.cuda.empty_cache()\n")
     assert [(f.code, f.line) for f in lint_source(textwrap.dedent(per_step))] == [("TK301", 7)]

@@ -329,7 +329,8 @@ def check_leftover_window(ctx: FileContext) -> Iterator[Hit]:
         every = ast.unparse(n)
         guard = acc.guard
         shown_test = ast.unparse(guard.test).splitlines()[0] if isinstance(guard, ast.If) else ast.unparse(modulo)
-        where = f"where `{shown_test}`" if acc.loop.side_of(acc.step, guard) == "body" else f"where `{shown_test}` is false"
+        in_body = acc.loop.side_of(acc.step, guard) == "body"
+        where = f"where `{shown_test}`" if in_body else f"where `{shown_test}` is false"
         step = ast.unparse(acc.step)
         optimizer = acc.optimizer or "optimizer"
         if counted == index:
