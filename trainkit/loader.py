@@ -7,7 +7,7 @@ batches are the session's steps: see :class:`PatchedLoader`.
 from __future__ import annotations
 
 import importlib
-import threading
+import sys
 from typing import Any, Iterator
 
 from . import _compiled, timing
@@ -69,22 +69,14 @@ class PatchedLoader:
         t0 = now()
         it = iter(self.source)
 
-        fetching = _FETCHING
+        if _in_a_wait():
+            # This pass began inside another patched loader's wait: this one is wrapped in it
+            # (directly, or through enumerate, itertools, a generator of the user's), and that
+            # one records the wait and the items, once; here too, both counted twice. Asked once
+            # a pass, not per batch (the per-batch path is benchmarked).
+            yield from it
+            return
         while True:
-            if fetching.depth:
-                # Fetched inside another patched loader's wait: this one is wrapped in it (directly
-                # or through enumerate, itertools, a generator of the user's), and that one
-                # records the wait and the items, once; here too, both counted twice.
-                fetching.depth += 1
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    return
-                finally:
-                    fetching.depth -= 1
-                yield batch
-                t0 = now()
-                continue
             ev0 = None
             if regions._TC._initialized:  # on a GPU a step that ends here ends as the wait begins
                 s = _S._active
@@ -92,15 +84,11 @@ class PatchedLoader:
                                       or (s._batch_pending and mine == s.step)):
                     ev0 = timing.cuda_event(timing.steps_device(s._cuda_device))
             try:
-                fetching.depth = 1
-                try:
-                    if tap._is_profiler_enabled:  # the wait shows as a named range in traces
-                        with record_function("trainkit/data_wait"):
-                            batch = next(it)
-                    else:
+                if tap._is_profiler_enabled:  # the wait shows as a named range in traces
+                    with record_function("trainkit/data_wait"):
                         batch = next(it)
-                finally:
-                    fetching.depth = 0
+                else:
+                    batch = next(it)
             except StopIteration:
                 s = _S._active
                 if s is not None:
@@ -189,15 +177,24 @@ def _enclosing(outer: Any, s: Any) -> Any:
     return None
 
 
-class _Fetching(threading.local):
-    """Per thread: how deep in patched loaders' waits the thread is (0: in none)."""
+def _in_a_wait() -> bool:
+    """Whether the pass of the calling ``PatchedLoader.__iter__`` begins inside another patched
+    loader's wait (its ``next(it)``), found on the stack: a pass begins at its first batch, so its
+    generator was resumed from the code that fetches it. A pass run in the body of another's loop
+    (a validation nested in the training loop) is not: the outer generator is suspended there."""
+    frame = sys._getframe(2)  # what resumed the generator (C iterators between leave no frame)
+    while frame is not None:
+        if frame.f_code is _ITER_CODE:
+            return True
+        frame = frame.f_back
+    return False
 
-    depth = 0
 
-
-_FETCHING = _Fetching()
 _INF = float("inf")
 _NO_WORK = (BATCH_REC, GC_MS, GC_FULL)  # records that no loop body made: waits, collections
+
+
+_ITER_CODE = PatchedLoader.__iter__.__code__
 
 
 class _EvalItems(ItemsCounter):
