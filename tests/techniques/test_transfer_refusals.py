@@ -24,3 +24,21 @@ def test_to_device_refuses_a_model_naming_model_to(tmp_path):
 def test_to_device_without_a_session_refuses_a_model_too():
     with pytest.raises(TypeError, match="a model"):
         tk.to_device(torch.nn.Sequential(torch.nn.Linear(2, 2)), "cpu")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(4, 2)), batch_size=2),
+    lambda: tk.patch([torch.ones(2, 2)]),
+    lambda: (b for b in [torch.ones(2, 2)]),
+], ids=["DataLoader", "patched", "generator"])
+def test_to_device_refuses_a_loader_naming_the_per_batch_call(tmp_path, make):
+    # A loader given to tk.to_device was returned as it was: its batches stayed on the host,
+    # without a word (the loop then fed the model host tensors, or the run was CPU-only unawares).
+    loader = make()
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        with pytest.raises(TypeError, match=r"a loader, not a batch.*tk\.to_device\(\(x, y\), device\)"):
+            tk.to_device(loader, "meta")
+        first = next(iter(loader))  # untouched: still yields its first batch, on the host
+    first = first[0] if isinstance(first, (list, tuple)) else first
+    assert first.device.type == "cpu"
+    assert "trainkit/h2d_ms" not in scalars(tmp_path)

@@ -35,16 +35,38 @@ def _device(device: Any) -> Any:
                          f"'cuda', 'cuda:0', 'cpu' or 'mps'") from None
 
 
-_MODULE: Any = None
+_REFUSED: Any = None
 
 
-def _module_type() -> Any:
-    global _MODULE
-    if _MODULE is None:
+def _refused_types() -> Any:
+    """What ``to_device`` refuses: a model, and a loader (a DataLoader, a patched loader, a
+    generator), which it would return where they are, unmoved, without a word."""
+    global _REFUSED
+    if _REFUSED is None:
+        import types
+
         import torch
+        from torch.utils.data import DataLoader
 
-        _MODULE = torch.nn.Module
-    return _MODULE
+        from ..loader import PatchedLoader
+
+        _REFUSED = (torch.nn.Module, DataLoader, PatchedLoader, types.GeneratorType)
+    return _REFUSED
+
+
+def _refuse(obj: Any) -> None:
+    import torch
+
+    name = type(obj).__name__
+    if isinstance(obj, torch.nn.Module):
+        raise TypeError(f"to_device({name}(...), ...): a model; tk.to_device moves "
+                        f"batches (tensors in tuples, lists, dicts, dataclasses) and would return "
+                        f"the model where it is. Move it once with model.to(device), before "
+                        f"creating the optimizer")
+    raise TypeError(f"to_device(<{name}>, ...): a loader, not a batch; tk.to_device moves one "
+                    f"batch (tensors in tuples, lists, dicts, dataclasses) and would return the "
+                    f"loader as it is, its batches left where they are. Move each batch in the "
+                    f"loop: for x, y in loader: x, y = tk.to_device((x, y), device)")
 
 
 def _move(obj: Any, device: Any, non_blocking: Optional[bool], acc: list) -> Any:
@@ -204,7 +226,9 @@ def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> 
     asynchronous copy returns at once), the bandwidth (``trainkit/h2d_GBps``) and the pinned share.
 
     Args:
-        obj: a tensor or a nested structure of them; other leaves are returned unchanged.
+        obj: a tensor or a nested structure of them; other leaves are returned unchanged. A
+            model or a loader (a DataLoader, a patched loader, a generator) is refused with a
+            ``TypeError``: returned unmoved, its tensors would stay where they are.
         device: target device, e.g. ``"cuda"``.
         non_blocking: None (default) copies asynchronously exactly when the source is pinned.
 
@@ -222,11 +246,8 @@ def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> 
         # Timing them would break the graph around every copy, and recording from inside it
         # crashed dynamo (the buffer the writer thread empties); time the compiled call instead.
         return _move_traced(obj, dev, non_blocking)
-    if isinstance(obj, _module_type()):  # not in traced code: a global read is a guard
-        raise TypeError(f"to_device({type(obj).__name__}(...), ...): a model; tk.to_device moves "
-                        f"batches (tensors in tuples, lists, dicts, dataclasses) and would return "
-                        f"the model where it is. Move it once with model.to(device), before "
-                        f"creating the optimizer")
+    if isinstance(obj, _refused_types()):  # not in traced code: a global read is a guard
+        _refuse(obj)
     if dev.type == "cuda":
         import torch
 
