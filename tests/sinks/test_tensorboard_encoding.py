@@ -68,3 +68,34 @@ def test_sessions_of_one_second_sort_in_the_order_they_started(tmp_path, monkeyp
         made.append(w.path.rsplit("/", 1)[1])
         w.close()
     assert sorted(made) == made
+
+
+def test_text_summaries_are_tensorboards_own_bytes(tmp_path, monkeypatch):
+    # write_text builds what tensorboard's text_pb builds, without importing it: text_pb imports
+    # numpy, and that import at exit (a session closed by atexit after an unhandled
+    # KeyboardInterrupt, writing its last summaries) turned the exit status -SIGINT into 1.
+    from tensorboard.plugins.text.summary_v2 import text_pb
+
+    from trainkit.profiling.runs import event_records
+
+    w = EventFileWriter(str(tmp_path))
+    sent = []
+    monkeypatch.setattr(w, "write_summary", lambda summary, step=0: sent.append(summary))
+    for text in ("hello **world**", "", "é/ünïcode " * 300, '[{"stepped": false}]'):
+        w.write_text("trainkit/meta/x", text, step=3)
+        assert sent[-1].SerializeToString() == text_pb("trainkit/meta/x", text).SerializeToString()
+    w.close()
+    assert list(event_records(w.path))  # the file itself stays readable
+
+
+def test_write_text_imports_no_numpy(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; from trainkit.sinks.tensorboard import EventFileWriter; "
+            f"w = EventFileWriter({str(tmp_path)!r}); before = 'numpy' in sys.modules; "
+            "w.write_text('t', 'x'); w.close(); print(before, 'numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    before, after = out.stdout.split()
+    assert after == before, out.stdout  # write_text added no numpy import
