@@ -201,9 +201,16 @@ class Session:
                         # what was appended before is in the recorder's buffer, which its
                         # close drains.
                         self._buf = _ClosedBuffer(self)
+                        self._record_optimizers()
                         self._recorder.close()
         finally:
             _signals.release()
+
+    def _record_optimizers(self) -> None:
+        """The optimizers patched at the end, and whether each stepped here (for TA110)."""
+        from .patch import META_OPTIMIZERS, patched_summary
+
+        self._recorder.meta.append((META_OPTIMIZERS, self.step, patched_summary(self)))
 
     def flush(self) -> None:
         """Write every completed step recorded so far, now (the writer does it every ``flush_secs``).

@@ -69,7 +69,9 @@ class Run:
 
     @property
     def is_trainkit(self) -> bool:
-        return any(tag.startswith(PREFIX) for tag in self.scalars)
+        # a session's text summaries count too: one that recorded no scalar of its own (no
+        # system metrics, a loop that never stepped) still wrote which optimizers it had
+        return any(tag.startswith(PREFIX) for tag in self.scalars) or bool(self.meta)
 
 
 def find_runs(logdir: str) -> List[str]:

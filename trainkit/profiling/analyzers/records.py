@@ -190,6 +190,20 @@ def no_steps(run: Run) -> Finding:
                 "for the model (it halves per skipped step), or dtype='bf16'; else inf/nan in the "
                 "loss itself (a learning rate too high, log(0), bad inputs)",
             severity="high", run=run.name)
+    unstepped = _patched_never_stepped(run)
+    if unstepped:  # patched, and the loop never reached its step()
+        return Finding(
+            code="TA110", title="no steps recorded",
+            evidence=f"{seen} counted in {run.path!r}: the patched {unstepped} never stepped in "
+                     f"the session (trainkit/meta/optimizers), so the loop did not reach "
+                     f"optimizer.step(), and step time (trainkit/step_time_ms, the time between "
+                     f"two counted steps) has nothing to measure",
+            share=None, count=0,
+            fix="check the condition the step runs under: a loop that learns once a replay buffer "
+                "is warm, or every n batches, may never get there in a short run; run longer or "
+                "lower the threshold. For an evaluation or inference run, patch the loader (each "
+                "batch is then a step)",
+            severity="high", run=run.name)
     return Finding(
         code="TA110", title="no steps recorded",
         evidence=f"{seen} counted in {run.path!r} and no trace holds a profiled step: step time "
@@ -200,6 +214,23 @@ def no_steps(run: Run) -> Finding:
             "optimizer.step() is a step), or for batch in tk.patch(loader) (each batch is a step "
             "when no optimizer steps), inside `with tk.session(...)`",
         severity="high", run=run.name)
+
+
+def _patched_never_stepped(run: Run) -> str:
+    """The patched optimizers (``"Adam"``, ``"Adam and SGD"``) when none stepped in the session
+    shown, as its close recorded them; "" when none was patched, one stepped, or not recorded."""
+    import json
+
+    text = run.meta.get("trainkit/meta/optimizers")
+    try:
+        got = json.loads(text) if text else []
+    except ValueError:
+        return ""
+    if not isinstance(got, list) or not got or any(
+            not isinstance(o, dict) or o.get("stepped") is not False for o in got):
+        return ""
+    names = sorted({str(o.get("type", "optimizer")) for o in got})
+    return " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def several_sessions(run: Run) -> Optional[Finding]:
