@@ -201,8 +201,10 @@ class Session:
                         # what was appended before is in the recorder's buffer, which its
                         # close drains.
                         self._buf = _ClosedBuffer(self)
-                        self._record_optimizers()
-                        self._recorder.close()
+                        try:
+                            self._record_optimizers()
+                        finally:  # whatever that did, everything recorded is written
+                            self._recorder.close()
         finally:
             _signals.release()
 
