@@ -281,28 +281,6 @@ def optimizer_patch(opt: Any) -> Optional[OptimizerPatch]:
     return opt.__dict__.get(_ATTR) if hasattr(opt, "__dict__") else None
 
 
-#: ``trainkit/meta/optimizers``: the optimizers patched when a session closed (JSON), so that
-#: ``trainkit analyze`` can tell a loop that never reached ``optimizer.step()`` (TA110) from one
-#: whose optimizer is not patched.
-META_OPTIMIZERS = "trainkit/meta/optimizers"
-
-
-def patched_summary(s: Any) -> str:
-    """JSON: each optimizer patched now that stepped in session ``s`` or never stepped yet, its
-    type and whether it stepped in ``s`` (one that stepped in another session, an earlier
-    phase's, is left out: it is not this session's to step)."""
-    import json
-
-    out = []
-    for opt in list(_patched):
-        p = optimizer_patch(opt)
-        last = None if p is None or p.session is None else p.session()
-        if p is None or (p.session is not None and last is not s):
-            continue
-        out.append({"type": type(opt).__name__, "stepped": last is s})
-    return json.dumps(out, sort_keys=True)
-
-
 def _patch_optimizer(opt: Any, *, compile: bool) -> Any:
     p = optimizer_patch(opt)
     if p is None:

@@ -210,7 +210,7 @@ class Session:
 
     def _record_optimizers(self) -> None:
         """The optimizers patched at the end, and whether each stepped here (for TA110)."""
-        from .patch import META_OPTIMIZERS, patched_summary
+        from ._optinfo import META_OPTIMIZERS, patched_summary
 
         self._recorder.meta.append((META_OPTIMIZERS, self.step, patched_summary(self)))
 

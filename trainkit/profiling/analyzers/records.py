@@ -221,7 +221,9 @@ def _patched_never_stepped(run: Run) -> str:
     shown, as its close recorded them; "" when none was patched, one stepped, or not recorded."""
     import json
 
-    text = run.meta.get("trainkit/meta/optimizers")
+    from ..._optinfo import META_OPTIMIZERS
+
+    text = run.meta.get(META_OPTIMIZERS)
     try:
         got = json.loads(text) if text else []
     except ValueError:
