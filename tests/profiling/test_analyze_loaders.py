@@ -188,10 +188,22 @@ WORKERS = {"type": "DataLoader", "num_workers": 4, "persistent_workers": True,
 
 
 def test_bursty_waits_get_a_deeper_prefetch(logdir):
-    _synthetic(logdir, WORKERS, [0.1] * 3 + [40.0, 0.1, 0.1, 0.1] * 4)
+    # Slow batches in bursts: rounds of the 4 workers that barely wait, then a run of long waits.
+    # (One long wait in every 4 steps is no burst: 4 workers in step that fall short wait so.)
+    _synthetic(logdir, WORKERS, [0.1] * 3 + ([0.1] * 12 + [40.0] * 4) * 2)
     f = _ta101(logdir)
     assert f.fix.startswith("DataLoader(..., prefetch_factor=4): most steps barely wait"), f.fix
     assert "(median 0.10 ms)" in f.fix and "now 2" in f.fix
+
+
+def test_workers_in_step_that_fall_short_are_no_burst(logdir):
+    # 4 workers handing out 4 batches together: one step in 4 waits for them all, the others
+    # barely. The median step waits ~0 ms, yet every round of the workers waits 40 ms: a steady
+    # shortfall (prefetching deeper would not help), which the per-step median read as a burst.
+    _synthetic(logdir, WORKERS, [0.1] * 3 + [40.0, 0.1, 0.1, 0.1] * 8)
+    f = _ta101(logdir)
+    assert "prefetch_factor=4" not in f.fix, f.fix
+    assert "each of the 4 workers takes ~" in f.fix, f.fix
 
 
 def test_unpinned_batches_copied_to_a_gpu_get_pin_memory(logdir):

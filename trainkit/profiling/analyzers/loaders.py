@@ -109,7 +109,6 @@ def _one(st: Any, loader: Loader, every: List[Loader], *, named: bool) -> Tuple[
     starting = {k for l in every for k in _starts(l)}
     steady = [k for k in st.steps if k not in starting] or list(st.steps)
     wait = _median([waits.get(k, 0.0) for k in steady])
-    mean_wait = statistics.fmean([waits.get(k, 0.0) for k in steady]) if steady else 0.0
     compute = _median([max(0.0, times[k] - waits.get(k, 0.0)) for k in steady if k in times])
     workers = int(s.get("num_workers") or 0)
     evidence = [f"the steps were fed by {loader.describe()}"]
@@ -141,12 +140,28 @@ def _one(st: Any, loader: Loader, every: List[Loader], *, named: bool) -> Tuple[
             f"batch is loaded in the training process while the step waits (median {wait:.2f} "
             f"ms a step); {n} is this machine's os.cpu_count()={cores} less one for the training "
             f"loop, counted when analyzing: use the training machine's cores")
-    elif (steady_share >= 0.10 and wait >= HANDOVER_MS) or not fixes:
-        fixes.append(_steady(run, s, workers, wait, mean_wait, compute))
+    else:
+        # Per round of the workers: w workers in step hand out w batches together, so one step
+        # in w waits for all of them and the others barely (2 workers: ~20, ~0, ~20 ms...): the
+        # median step then says ~0 ms, a burst, where the workers simply fall short (with 2, on
+        # either side from run to run). Summed over each w steps in a row, a steady shortfall
+        # waits alike in every round, and only bursts of slow batches leave rounds apart.
+        rounds = _rounds([waits.get(k, 0.0) for k in sorted(steady)], workers)
+        wait_r, mean_r = _median(rounds) / workers, statistics.fmean(rounds) / workers
+        if (steady_share >= 0.10 and wait_r >= HANDOVER_MS) or not fixes:
+            fixes.append(_steady(run, s, workers, wait_r, mean_r, compute))
     pin = _pin(run, s)
     if pin:
         fixes.append(pin)
     return who + "; ".join(evidence), who + "; ".join(fixes)
+
+
+def _rounds(values: List[float], n: int) -> List[float]:
+    """Sums of ``n`` values in a row (the last, shorter group left out when there are others)."""
+    groups = [sum(values[i:i + n]) for i in range(0, len(values), n)]
+    if len(groups) > 1 and len(values) % n:
+        groups.pop()
+    return groups or [0.0]
 
 
 def _starts(loader: Loader) -> List[int]:
@@ -179,7 +194,9 @@ def _startup(loader: Loader, waits: Dict[int, float], others: set,
 
 def _steady(run: Any, s: Dict[str, Any], workers: int, wait: float, mean_wait: float,
             compute: float) -> str:
-    """The fix for workers that cannot keep up, from the steady steps' numbers."""
+    """The fix for workers that cannot keep up, from the steady steps' numbers: ``wait`` and
+    ``mean_wait`` are a step's wait averaged over each round of the workers (``workers`` steps
+    in a row), their median and mean over the rounds."""
     per_batch = workers * (compute + wait)  # a worker's time per batch, at the rate they keep
     batch = s.get("batch_size")
     sample = f", ~{per_batch / batch:.2f} ms a sample" if batch else ""
