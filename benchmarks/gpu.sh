@@ -72,6 +72,9 @@ fi
 "$py" -c "import google_crc32c" > /dev/null 2>&1 && crc="yes (C)" ||
   crc="no: the writer's CRC is pure Python, ~25 us a step (see this script's header)"
 echo "google-crc32c: $crc" >> "$out/env.txt"
+"$py" -c "import trainkit._speedups" > /dev/null 2>&1 && fast="built (the writer's work and regions in C)" ||
+  fast="NOT built (no compiler or Python.h at install: the writer and regions run in Python)"
+echo "trainkit._speedups: $fast" >> "$out/env.txt"
 cat "$out/env.txt"
 
 part() {  # part NAME SECONDS COMMAND...: run it with a time limit, its output to $OUT/NAME.txt

@@ -15,6 +15,10 @@ ABLATE_RESULTS = "TRAINKIT_ABLATE_RESULTS"
 #: ``warmup+steps`` budget of real optimizer steps after which a child run stops itself.
 ABLATE_BUDGET = "TRAINKIT_ABLATE_BUDGET"
 
+#: "1": run the session writer's Python code even where its C version (trainkit._speedups) is
+#: built; the two write the same bytes, so this is for tests and for telling them apart.
+PURE_PYTHON = "TRAINKIT_PURE_PYTHON"
+
 # Set by torchrun / torch.distributed.launch.
 RANK = "RANK"
 WORLD_SIZE = "WORLD_SIZE"

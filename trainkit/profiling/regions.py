@@ -15,7 +15,7 @@ import sys
 import types
 from typing import Any, Callable, Dict, List, Optional, TypeVar
 
-from .. import _compiled, timing
+from .. import _compiled, recorder as _recorder, timing
 from ..recorder import REGION
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -273,18 +273,31 @@ def _step_of(s: Any, start: float) -> int:
 
 
 def _fast_region(name: str) -> _Region:
-    """The region of ``name`` for the common case, no profiler and no CUDA: its entry is C only.
+    """The region of ``name`` for the common case, no profiler and no CUDA.
 
-    ``with`` looks ``__enter__`` up on the type, and a C iterator's ``__next__`` found there is
-    called as it is: ``map(starts.append, iter(now, None)).__next__`` reads the clock and pushes
-    the time with no Python frame, where a Python ``__enter__`` costs ~1 us between torch calls.
-    So each name gets its own small class. ``__exit__`` is :class:`_Region`'s.
+    Its entry and exit are C (``trainkit._speedups``): where ``__enter__`` and ``__exit__`` in
+    Python cost ~1 us each between torch calls, they read the clock and push the start, then pop
+    it and put one record, with no Python frame. Each name gets its own small class holding them
+    (they bind to no instance, so ``with`` calls them as they are, and ``type(cm).__enter__(cm)``
+    as ``contextlib.ExitStack`` does works too). Without the C module, ``__enter__`` pushes the
+    time through ``map(starts.append, iter(now, None)).__next__`` (no frame of its own) and
+    ``__exit__`` is :class:`_Region`'s.
     """
     starts: List[Any] = []
-    cls = type(f"profile_region[{name}]", (_Region,),
-               {"__slots__": (), "__enter__": map(starts.append, iter(timing.now, None)).__next__})
-    r = cls(name, starts)
-    r.full = _Region(name, starts)  # shares the stack: either one's exit ends either one's entry
+    full = _Region(name, starts)  # shares the stack: either one's exit ends either one's entry
+    fast = _recorder._fast
+    if fast is not None:
+        ns = {"__slots__": (), "__enter__": fast.RegionEnter(starts, timing.now),
+              "__exit__": fast.RegionExit(full.tag, starts, full, vars(timing), vars(_S))}
+    else:
+        push = map(starts.append, iter(timing.now, None)).__next__
+
+        def __enter__(self: _Region) -> None:
+            push()
+
+        ns = {"__slots__": (), "__enter__": __enter__}
+    r = type(f"profile_region[{name}]", (_Region,), ns)(name, starts)
+    r.full = full
     return r
 
 
