@@ -6,4 +6,5 @@ and trainkit runs the same code in Python, writing the same bytes, only slower.
 """
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("trainkit._speedups", ["trainkit/_speedups.c"], optional=True)])
+setup(ext_modules=[Extension("trainkit._speedups", ["trainkit/_speedups.c"],
+                             depends=["trainkit/_speedups_step.h"], optional=True)])

@@ -295,7 +295,10 @@ def main() -> None:
         ap.error("--device cuda: torch sees no CUDA device here; run it on a GPU machine, or drop "
                  "--device for the CPU")
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"cpu count {os.cpu_count()}"
-    print(f"torch {torch.__version__}, trainkit {tk.__version__}, 1 thread, "
+    from trainkit import recorder
+
+    fast = "C extension" if recorder._fast is not None else "pure Python (TRAINKIT_PURE_PYTHON or not built)"
+    print(f"torch {torch.__version__}, trainkit {tk.__version__} ({fast}), 1 thread, "
           f"{time.strftime('%Y-%m-%d')}, {where}")
     if args.only in (None, "a"):
         measure("a", args.steps_mlp, args.rounds, args.processes, args.device)

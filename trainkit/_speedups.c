@@ -758,6 +758,8 @@ static PyTypeObject RegionExitType = {
     .tp_doc = "RegionExit(tag, starts, full, timing_dict, session_dict): a region's fast exit.",
 };
 
+#include "_speedups_step.h" /* FastStep: a patched optimizer's step */
+
 static PyObject *py_crc32c(PyObject *self, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
@@ -801,13 +803,17 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         !s_values || !s_wall_time || !s_now || !s_active || !s_last_end ||
         !s_last_host || !s_buf || !s_append || !s_exit || !one)
         return NULL;
-    if (PyType_Ready(&RegionEnterType) < 0 || PyType_Ready(&RegionExitType) < 0) return NULL;
+    if (PyType_Ready(&RegionEnterType) < 0 || PyType_Ready(&RegionExitType) < 0 ||
+        fast_step_ready() < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&RegionEnterType);
     Py_INCREF(&RegionExitType);
+    Py_INCREF(&FastStepType);
     if (PyModule_AddObject(m, "RegionEnter", (PyObject *)&RegionEnterType) < 0 ||
-        PyModule_AddObject(m, "RegionExit", (PyObject *)&RegionExitType) < 0) {
+        PyModule_AddObject(m, "RegionExit", (PyObject *)&RegionExitType) < 0 ||
+        PyModule_AddObject(m, "FastStep", (PyObject *)&FastStepType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

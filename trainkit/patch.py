@@ -23,7 +23,7 @@ import types
 import weakref
 from typing import Any, Callable, Optional
 
-from . import timing
+from . import recorder as _recorder, timing
 from ._optcalls import ZERO_GRAD_SIGNATURE, closure_of as _closure_of, rebind, referent, \
     run_closure as _run_closure, scheduler_marked, timed_closure as _timed_closure, unbind
 from ._text import brief
@@ -226,7 +226,9 @@ def _step_function(p: OptimizerPatch) -> Any:
     wrapped (without it the scheduler warns at its first step() that "optimizer.step() has been
     overridden after learning rate scheduler initialization"); and it holds its patch, so the
     common case (a CPU step, no closure, no gate, no profiler) runs in this one frame and leaves
-    one record: its start, its end and the previous step's end.
+    one record: its start, its end and the previous step's end. With ``trainkit._speedups``
+    built, that block runs in C (``FastStep``, trainkit/_speedups_step.h), which calls this
+    closure for every other case.
     """
     regions.load_flags()
     tap = regions._TAP
@@ -260,6 +262,13 @@ def _step_function(p: OptimizerPatch) -> Any:
         return p.step(*args, **kwargs)
 
     step.__wrapped_step__ = True  # type: ignore[attr-defined]
+    fast = _recorder._fast
+    if fast is not None:
+        # The same step with its first block in C (trainkit/_speedups_step.h): it calls this
+        # closure for every other case. It carries the markers as the closure would.
+        fast_step = fast.FastStep(p, step, ref, own, bound, now, tap, vars(_S), STEP_REC)
+        fast_step.__wrapped_step__ = True
+        return scheduler_marked(fast_step, p.orig_step)
     return scheduler_marked(step, p.orig_step)
 
 
