@@ -14,7 +14,7 @@ cheaper, which the timings cannot. The writer thread is not counted (see overhea
 cost). Needs valgrind (with its callgrind.h header) and gcc; about 6 minutes (the loops run one
 after the other, under valgrind's ~50x slowdown).
 
-    python benchmarks/overhead_instructions.py [--passes 4]     # 50 steps a pass
+    python benchmarks/overhead_instructions.py [--passes 4] [--parts]     # 50 steps a pass
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ void tk_stop(void) { CALLGRIND_DUMP_STATS_AT("measured"); CALLGRIND_STOP_INSTRUM
 """
 EVENTS = ("Ir", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw")
 VARIANTS = ("plain", "floor", "trainkit")
+PARTS = ("trainkit -regions", "trainkit -loader", "trainkit -step", "trainkit -log")
 
 
 def child(variant: str, passes: int, helper: str) -> None:
@@ -66,12 +67,33 @@ def child(variant: str, passes: int, helper: str) -> None:
 
         def one_pass() -> None:
             floor_loop(model, opt, crit, batches, blocks, time.perf_counter, torch.Tensor.item, kept)
-    else:
+    elif variant == "trainkit":
         tk.patch(opt)
         loader = tk.patch(batches)
 
         def one_pass() -> None:
             trainkit_loop(model, opt, crit, loader, s)
+    else:  # "trainkit -<part>": the trainkit loop without one of its parts (--parts)
+        left_out = variant.split(" -", 1)[1]
+        if left_out != "step":
+            tk.patch(opt)
+        loader = tk.patch(batches) if left_out != "loader" else batches
+        # stand-ins that are C calls (no Python frame): empty blocks by name, a dict's get
+        blocks = {name: Block() for name in ("forward", "loss", "backward")}
+        region = tk.profile_region if left_out != "regions" else blocks.__getitem__
+        log = s.log if left_out != "log" else {}.get
+
+        def one_pass() -> None:
+            for x, y in loader:
+                with region("forward"):
+                    out = model(x)
+                with region("loss"):
+                    loss = crit(out, y)
+                with region("backward"):
+                    loss.backward()
+                opt.step()
+                opt.zero_grad()
+                log("loss", loss)
     cg = ctypes.CDLL(helper)
     one_pass()
     one_pass()  # warm: first-call costs, allocator
@@ -103,7 +125,10 @@ def measure(variant: str, passes: int, helper: str, workdir: str) -> Dict[str, f
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--passes", type=int, default=4, help="measured passes of 50 steps")
-    ap.add_argument("--child", choices=list(VARIANTS), help=argparse.SUPPRESS)
+    ap.add_argument("--parts", action="store_true",
+                    help="also the trainkit loop without each of its parts (regions, loader, step, "
+                         "log): what each part adds, in instructions and misses")
+    ap.add_argument("--child", choices=list(VARIANTS + PARTS), help=argparse.SUPPRESS)
     ap.add_argument("--helper", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.passes < 1:
@@ -128,13 +153,17 @@ def main() -> None:
 
         print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {args.passes * 50} "
               f"measured steps per loop, main thread only; per step:")
-        got = {v: measure(v, args.passes, helper, workdir) for v in VARIANTS}
-    print(f"  {'':16s}" + "".join(f"{e:>10s}" for e in EVENTS))
-    for v in VARIANTS:
-        print(f"  {v:16s}" + "".join(f"{got[v][e]:10.0f}" for e in EVENTS))
+        variants = VARIANTS + (PARTS if args.parts else ())
+        got = {v: measure(v, args.passes, helper, workdir) for v in variants}
+    print(f"  {'':18s}" + "".join(f"{e:>10s}" for e in EVENTS))
+    for v in variants:
+        print(f"  {v:18s}" + "".join(f"{got[v][e]:10.0f}" for e in EVENTS))
     for v in ("floor", "trainkit"):
         added = {e: got[v][e] - got["plain"][e] for e in EVENTS}
-        print(f"  {v + ' - plain':16s}" + "".join(f"{added[e]:10.0f}" for e in EVENTS))
+        print(f"  {v + ' - plain':18s}" + "".join(f"{added[e]:10.0f}" for e in EVENTS))
+    for v in variants[len(VARIANTS):]:  # what each part adds: trainkit less trainkit without it
+        part = {e: got["trainkit"][e] - got[v][e] for e in EVENTS}
+        print(f"  {v.split(' -')[1] + ' adds':18s}" + "".join(f"{part[e]:10.0f}" for e in EVENTS))
     diff = {e: got["trainkit"][e] - got["plain"][e] for e in EVENTS}
     print(f"trainkit / plain instructions = {got['trainkit']['Ir'] / got['plain']['Ir']:.4f}; "
           f"L2 misses added per step (instruction + data): "
