@@ -399,8 +399,8 @@ def _dropped(tag: str, exc: BaseException) -> None:
 
 
 def _load_speedups() -> Any:
-    """``trainkit._speedups`` (the C version of the writer's pass and writes), set up; None where
-    it was not built (no C compiler at install) or ``TRAINKIT_PURE_PYTHON=1``."""
+    """``trainkit._speedups`` (C: the writer's pass and writes, and more), set up; None where it
+    was not built (no C compiler at install) or ``TRAINKIT_PURE_PYTHON=1``."""
     if _env.get(_env.PURE_PYTHON) not in (None, "0"):
         return None
     try:
@@ -414,5 +414,6 @@ def _load_speedups() -> Any:
 
 
 #: The C module doing :meth:`Recorder.flush`'s pass and :meth:`Recorder._write_steps` (the same
-#: bytes, ~10x faster), or None: the Python code above does it.
+#: bytes; ~3 us instead of ~9 us a step of 6 records, timed alone), and the regions' entry and
+#: exit and the patched step's fast path; or None: the Python code does it all.
 _fast: Any = _load_speedups()

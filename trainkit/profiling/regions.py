@@ -279,9 +279,9 @@ def _fast_region(name: str) -> _Region:
     Python cost ~1 us each between torch calls, they read the clock and push the start, then pop
     it and put one record, with no Python frame. Each name gets its own small class holding them
     (they bind to no instance, so ``with`` calls them as they are, and ``type(cm).__enter__(cm)``
-    as ``contextlib.ExitStack`` does works too). Without the C module, ``__enter__`` pushes the
-    time through ``map(starts.append, iter(now, None)).__next__`` (no frame of its own) and
-    ``__exit__`` is :class:`_Region`'s.
+    as ``contextlib.ExitStack`` does works too). Without the C module, ``__enter__`` is a small
+    Python method calling ``map(starts.append, iter(now, None)).__next__`` (a bare builtin there
+    would take no instance, which ``ExitStack`` passes) and ``__exit__`` is :class:`_Region`'s.
     """
     starts: List[Any] = []
     full = _Region(name, starts)  # shares the stack: either one's exit ends either one's entry
