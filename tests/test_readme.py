@@ -36,6 +36,15 @@ def test_ci_runs_the_readme_test_command():
     assert "pytest_ok -q" in block and "-m slow" in ci and "-ne 5" in ci
 
 
+def test_the_test_command_installs_the_checkout_in_place():
+    """The tests import trainkit from the checkout (pytest puts it first on sys.path), so the C
+    extension must be built there (an editable install), not only into site-packages: else CI
+    would test the Python fallback alone, and test_ci_builds_the_extension would fail."""
+    _, tests = _setup_commands()
+    assert '-e ".[dev]"' in tests
+    assert 'pip install -e ".[profiler-tab]"' in _read(".ci", "run")
+
+
 def test_console_script_and_extras_declared():
     cfg = configparser.ConfigParser()
     cfg.read(os.path.join(REPO, "setup.cfg"))
