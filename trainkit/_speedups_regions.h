@@ -1,0 +1,188 @@
+/* trainkit._speedups: profile_region's entry and exit. Included by _speedups.c (after the setup section, whose
+   names and constants it uses). */
+
+/* ---- profile_region's fast entry and exit (profiling/regions.py: _fast_region) -------------
+   One pair per region name, put on the name's own class as __enter__ and __exit__: neither
+   binds to the instance (no __get__), so `with` calls them with no instance, and
+   type(cm).__enter__(cm) (contextlib.ExitStack) with it, which both take. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *starts; /* the name's stack of start times, shared with its full region */
+    PyObject *now;    /* timing.now when the name was first used (as the map() entry had it) */
+} RegionEnter;
+
+static void enter_dealloc(RegionEnter *self) {
+    Py_XDECREF(self->starts);
+    Py_XDECREF(self->now);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *enter_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    PyObject *starts, *now;
+    if (!PyArg_ParseTuple(args, "O!O:RegionEnter", &PyList_Type, &starts, &now)) return NULL;
+    RegionEnter *self = (RegionEnter *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    Py_INCREF(starts);
+    Py_INCREF(now);
+    self->starts = starts;
+    self->now = now;
+    return (PyObject *)self;
+}
+
+static PyObject *enter_call(RegionEnter *self, PyObject *args, PyObject *kw) {
+    if ((kw && PyDict_GET_SIZE(kw)) || PyTuple_GET_SIZE(args) > 1) {
+        PyErr_SetString(PyExc_TypeError, "profile_region.__enter__() takes no arguments");
+        return NULL;
+    }
+    PyObject *t = PyObject_CallNoArgs(self->now);
+    if (!t) return NULL;
+    int rc = PyList_Append(self->starts, t);
+    Py_DECREF(t);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyTypeObject RegionEnterType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "trainkit._speedups.RegionEnter",
+    .tp_basicsize = sizeof(RegionEnter),
+    .tp_dealloc = (destructor)enter_dealloc,
+    .tp_call = (ternaryfunc)enter_call,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = enter_new,
+    .tp_doc = "RegionEnter(starts, now): push now() on starts.",
+};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *tag;    /* "trainkit/region/<name>_ms" */
+    PyObject *starts; /* shared with RegionEnter and the full region */
+    PyObject *full;   /* the name's _Region: its __exit__ ends what it began */
+    PyObject *timing; /* trainkit.timing's __dict__ ("now", as _Region.__exit__ reads it) */
+    PyObject *smod;   /* trainkit.session's __dict__ ("_active": the session in progress) */
+} RegionExit;
+
+static PyObject *s_now, *s_active, *s_last_end, *s_last_host, *s_buf, *s_append,
+    *s_exit, *one;
+
+static void exit_dealloc(RegionExit *self) {
+    Py_XDECREF(self->tag);
+    Py_XDECREF(self->starts);
+    Py_XDECREF(self->full);
+    Py_XDECREF(self->timing);
+    Py_XDECREF(self->smod);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *exit_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    PyObject *tag, *starts, *full, *timing, *smod;
+    if (!PyArg_ParseTuple(args, "UO!OO!O!:RegionExit", &tag, &PyList_Type, &starts, &full,
+                          &PyDict_Type, &timing, &PyDict_Type, &smod))
+        return NULL;
+    RegionExit *self = (RegionExit *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    PyObject *all[] = {tag, starts, full, timing, smod};
+    for (int i = 0; i < 5; i++) Py_INCREF(all[i]);
+    self->tag = tag;
+    self->starts = starts;
+    self->full = full;
+    self->timing = timing;
+    self->smod = smod;
+    return (PyObject *)self;
+}
+
+static PyObject *dict_item(PyObject *d, PyObject *key) { /* d[key], borrowed */
+    PyObject *v = PyDict_GetItemWithError(d, key);
+    if (!v && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+    return v;
+}
+
+/* _Region.__exit__'s fast path: the time since its entry, one (tag, step, ms) record */
+static PyObject *exit_call(RegionExit *self, PyObject *args, PyObject *kw) {
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    if ((kw && PyDict_GET_SIZE(kw)) || (n != 3 && n != 4)) {
+        PyErr_SetString(PyExc_TypeError, "profile_region.__exit__() takes (exc_type, exc, tb)");
+        return NULL;
+    }
+    Py_ssize_t off = n - 3; /* called through the type (ExitStack): the instance comes first */
+    PyObject *now = dict_item(self->timing, s_now);
+    if (!now) return NULL;
+    PyObject *t1 = PyObject_CallNoArgs(now);
+    if (!t1) return NULL;
+    Py_ssize_t depth = PyList_GET_SIZE(self->starts);
+    if (depth == 0) {
+        Py_DECREF(t1);
+        PyErr_SetString(PyExc_IndexError, "pop from empty list");
+        return NULL;
+    }
+    PyObject *start = PyList_GET_ITEM(self->starts, depth - 1);
+    Py_INCREF(start);
+    if (PyList_SetSlice(self->starts, depth - 1, depth, NULL) < 0) goto fail_start;
+    if (!PyFloat_CheckExact(start)) { /* begun by the full region: its exit ends it */
+        Py_DECREF(t1);
+        int rc = PyList_Append(self->starts, start);
+        Py_DECREF(start);
+        if (rc < 0) return NULL;
+        return PyObject_CallMethodObjArgs(self->full, s_exit, PyTuple_GET_ITEM(args, off),
+                                          PyTuple_GET_ITEM(args, off + 1),
+                                          PyTuple_GET_ITEM(args, off + 2), NULL);
+    }
+    PyObject *s = dict_item(self->smod, s_active);
+    if (!s) goto fail_start;
+    if (s != Py_None) {
+        Py_INCREF(s);
+        PyObject *step = NULL, *end = NULL, *ms = NULL, *rec = NULL, *buf = NULL, *out = NULL;
+        int bad = 1;
+        step = PyObject_GetAttr(s, s_step);
+        if (!step) goto done;
+        int later = PyObject_RichCompareBool(step, one, Py_GT);
+        if (later < 0) goto done;
+        if (later) { /* before the first step, the last "end" is where its data began */
+            end = PyObject_GetAttr(s, s_last_end);
+            if (!end) goto done;
+            if (!PyFloat_CheckExact(end)) { /* a CUDA event: the host time of that end */
+                Py_SETREF(end, PyObject_GetAttr(s, s_last_host));
+                if (!end) goto done;
+            }
+            if (end != Py_None) {
+                int before = PyObject_RichCompareBool(start, end, Py_LT);
+                if (before < 0) goto done;
+                if (before) {
+                    Py_SETREF(step, PyNumber_Subtract(step, one));
+                    if (!step) goto done;
+                }
+            }
+        }
+        ms = ms_between(t1, start);
+        if (!ms) goto done;
+        rec = PyTuple_Pack(3, self->tag, step, ms);
+        buf = rec ? PyObject_GetAttr(s, s_buf) : NULL;
+        out = buf ? PyObject_CallMethodOneArg(buf, s_append, rec) : NULL;
+        bad = out == NULL;
+    done:
+        Py_XDECREF(step);
+        Py_XDECREF(end);
+        Py_XDECREF(ms);
+        Py_XDECREF(rec);
+        Py_XDECREF(buf);
+        Py_XDECREF(out);
+        Py_DECREF(s);
+        if (bad) goto fail_start;
+    }
+    Py_DECREF(t1);
+    Py_DECREF(start);
+    Py_RETURN_NONE;
+fail_start:
+    Py_DECREF(t1);
+    Py_DECREF(start);
+    return NULL;
+}
+
+static PyTypeObject RegionExitType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "trainkit._speedups.RegionExit",
+    .tp_basicsize = sizeof(RegionExit),
+    .tp_dealloc = (destructor)exit_dealloc,
+    .tp_call = (ternaryfunc)exit_call,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = exit_new,
+    .tp_doc = "RegionExit(tag, starts, full, timing_dict, session_dict): a region's fast exit.",
+};
