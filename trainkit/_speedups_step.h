@@ -35,9 +35,10 @@ typedef struct {
     int bound;            /* own takes the optimizer (own(ref())) */
 } FastStep;
 
-static PyObject *fs_gate, *fs_cuda, *fs_live, *fs_active, *fs_primary, *fs_enabled, *fs_core,
-    *fs_step, *fs_buf, *fs_append, *fs_last_end, *fs_log_every, *fs_wake, *fs_profiler,
-    *fs_one, *fs_zero;
+/* The names only the step reads; "step", "_active", "_buf", "append", "_last_step_end" and 1 are
+   _speedups.c's and _speedups_regions.h's (s_step, s_active, s_buf, s_append, s_last_end, one). */
+static PyObject *fs_gate, *fs_cuda, *fs_live, *fs_primary, *fs_enabled, *fs_core, *fs_log_every,
+    *fs_wake, *fs_profiler, *fs_zero;
 
 static int fs_traverse(FastStep *self, visitproc visit, void *arg) {
     Py_VISIT(self->p);
@@ -188,7 +189,7 @@ static int fs_fast(FastStep *self, PyObject **out) {
     if ((c = fs_attr_is(p, fs_cuda, Py_False)) <= 0) return c;
     if ((c = fs_attr_true(p, fs_live)) <= 0) return c;
     /* `s = _S._active` */
-    PyObject *s = PyDict_GetItemWithError(self->smod, fs_active);
+    PyObject *s = PyDict_GetItemWithError(self->smod, s_active);
     if (!s) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_AttributeError,
@@ -221,16 +222,16 @@ static int fs_fast(FastStep *self, PyObject **out) {
     if (!res) goto done;
     if (!(t1 = PyObject_CallNoArgs(self->now))) goto done;
     /* `n = s.step; s._buf.append((STEP_REC, n, t0, t1, s._last_step_end))` */
-    if (!(n = PyObject_GetAttr(s, fs_step))) goto done;
-    if (!(buf = PyObject_GetAttr(s, fs_buf))) goto done;
-    if (!(last = PyObject_GetAttr(s, fs_last_end))) goto done;
+    if (!(n = PyObject_GetAttr(s, s_step))) goto done;
+    if (!(buf = PyObject_GetAttr(s, s_buf))) goto done;
+    if (!(last = PyObject_GetAttr(s, s_last_end))) goto done;
     if (!(rec = PyTuple_Pack(5, self->step_rec, n, t0, t1, last))) goto done;
-    if (!(x = PyObject_CallMethodOneArg(buf, fs_append, rec))) goto done;
+    if (!(x = PyObject_CallMethodOneArg(buf, s_append, rec))) goto done;
     Py_CLEAR(x);
     /* `s._last_step_end = t1; s.step = n + 1` */
-    if (PyObject_SetAttr(s, fs_last_end, t1) < 0) goto done;
-    if (!(x = PyNumber_Add(n, fs_one))) goto done;
-    if (PyObject_SetAttr(s, fs_step, x) < 0) goto done;
+    if (PyObject_SetAttr(s, s_last_end, t1) < 0) goto done;
+    if (!(x = PyNumber_Add(n, one))) goto done;
+    if (PyObject_SetAttr(s, s_step, x) < 0) goto done;
     Py_CLEAR(x);
     /* `if n % s._log_every == 0: s._wake()` */
     if (!(x = PyObject_GetAttr(s, fs_log_every))) goto done;
@@ -245,7 +246,7 @@ static int fs_fast(FastStep *self, PyObject **out) {
     if ((c = fs_attr_is(s, fs_profiler, Py_None)) < 0) goto done;
     if (!c) {
         if (!(x = PyObject_GetAttr(s, fs_profiler))) goto done;
-        PyObject *r = PyObject_CallMethodNoArgs(x, fs_step);
+        PyObject *r = PyObject_CallMethodNoArgs(x, s_step);
         Py_CLEAR(x);
         if (!r) goto done;
         Py_DECREF(r);
@@ -381,15 +382,12 @@ static PyTypeObject FastStepType = {
 
 /* The interned names, then the type: PyInit__speedups calls it as PyType_Ready */
 static int fast_step_ready(void) {
-    static const char *names[] = {"gate", "_cuda", "live", "_active", "_primary",
-                                  "_is_profiler_enabled", "_core", "step", "_buf", "append",
-                                  "_last_step_end", "_log_every", "_wake", "_profiler"};
-    PyObject **slots[] = {&fs_gate, &fs_cuda, &fs_live, &fs_active, &fs_primary, &fs_enabled,
-                          &fs_core, &fs_step, &fs_buf, &fs_append, &fs_last_end, &fs_log_every,
-                          &fs_wake, &fs_profiler};
+    static const char *names[] = {"gate", "_cuda", "live", "_primary", "_is_profiler_enabled",
+                                  "_core", "_log_every", "_wake", "_profiler"};
+    PyObject **slots[] = {&fs_gate, &fs_cuda, &fs_live, &fs_primary, &fs_enabled, &fs_core,
+                          &fs_log_every, &fs_wake, &fs_profiler};
     for (size_t i = 0; i < sizeof(slots) / sizeof(*slots); i++)
         if (!*slots[i] && !(*slots[i] = PyUnicode_InternFromString(names[i]))) return -1;
-    if (!fs_one && !(fs_one = PyLong_FromLong(1))) return -1;
     if (!fs_zero && !(fs_zero = PyLong_FromLong(0))) return -1;
     return PyType_Ready(&FastStepType);
 }
