@@ -1,31 +1,31 @@
 #!/usr/bin/env bash
-# What a session lent a GPU runs there, in one call of the device tool (about 8 minutes):
+# What a session lent a GPU runs there, in two calls of the device tool (first lent on 2026-11-23,
+# an H100 with 16 cores: the tests took ~4 minutes, the benchmarks ~5, each call ~1.5 more to start):
 #
-#     run(command="bash benchmarks/gpu.sh", timeout_s=600)
+#     run(command="bash benchmarks/gpu.sh cuda-tests tests", carry=["benchmarks/wheels"], timeout_s=600)
+#     run(command="bash benchmarks/gpu.sh overhead compiled_step accumulate_memory",
+#         carry=["benchmarks/wheels"], timeout_s=600)
 #
 # It installs this checkout with `pip install --no-deps -e .` (the GPU machine reaches no registry
 # and has its own torch, tensorboard, psutil, matplotlib and rich), then runs there: the cuda tests,
-# the default test suite (on that machine's torch), and the benchmarks on the GPU. Each part writes
+# the default test suite (on that machine's torch; on 8 workers where pytest-xdist is there, as it
+# was: 165 s, where one process took 400 s), and the benchmarks on the GPU. Each part writes
 # $OUT/<part>.txt, ending with its exit status, and a part that fails or runs out of its time does
 # not stop the next one; a pytest part cut short by its limit still prints its summary (the tests
 # run so far, the failed ones named). Copy the .txt files to benchmarks/results/ as
-# <benchmark>-<gpu>.txt: env.txt says the device, the torch version, the date and whether
-# google-crc32c is there.
+# <benchmark>-<gpu>.txt (results/*-h100.txt): env.txt says the device, the torch version, the
+# date, whether google-crc32c is there and whether trainkit's C extension got built.
 #
 # Parts named on the command line run alone, and PART_SECONDS, if set, replaces each part's own
-# limit: the whole default suite, say, where 150 s cut it short (533 of ~740 tests in a mirror
-# of that machine's software on 2 busy CPU cores):
+# limit.
 #
-#     run(command="PART_SECONDS=560 bash benchmarks/gpu.sh tests", timeout_s=600)
-#
-# google-crc32c (a dependency of trainkit) is not on that machine: without it the writer thread
-# computes each record's CRC in pure Python (~25 us a step, holding the GIL), which a full install
-# does not, and the overhead benchmark measures that too. To benchmark as a full install runs,
-# fetch its wheel here first and carry it (benchmarks/wheels/ is ignored by git):
+# google-crc32c (a dependency of trainkit) is not on that machine. Where trainkit's C extension
+# gets built (it did: gcc and Python.h are there) the writer computes its CRCs in C anyway; where
+# it does not, the writer's CRC is pure Python (~25 us a step, holding the GIL), which a full
+# install's is not. Fetch its wheel here first and carry it (benchmarks/wheels/ is ignored by git):
 #
 #     pip download --only-binary=:all: --no-deps --python-version 3.12 \
 #         --platform manylinux2014_x86_64 -d benchmarks/wheels google-crc32c
-#     run(command="bash benchmarks/gpu.sh", carry=["benchmarks/wheels"], timeout_s=600)
 set -uo pipefail
 out="${OUT:?set OUT to a folder for the results (the device tool sets it)}"
 py="${PYTHON:-python3}"
@@ -56,10 +56,12 @@ inc = os.path.join(sysconfig.get_paths()['include'], 'Python.h')
 print('compiler:', shutil.which('gcc') or shutil.which('cc') or 'none', '| Python.h:', os.path.exists(inc))"
 } > "$out/env.txt" 2>&1
 
-# A pip that builds in an isolated environment fetches setuptools first, which a machine with no
-# registry cannot (--retries 0 --timeout 5: fail fast): then build with the setuptools already there.
-if ! "$py" -m pip install --no-deps --retries 0 --timeout 5 -e . > "$out/install.txt" 2>&1 &&
-   ! "$py" -m pip install --no-deps --no-build-isolation -e . >> "$out/install.txt" 2>&1; then
+# That machine reaches no registry: build with the setuptools already there (--no-build-isolation)
+# through PEP 517 (--use-pep517): without it a setuptools of 80 or later turns the editable install
+# into a `pip install -e . --use-pep517` of its own, in an isolated build that fetches setuptools
+# and fails. The plain install, tried second, is for a machine that does reach one.
+if ! "$py" -m pip install --no-deps --no-build-isolation --use-pep517 -e . > "$out/install.txt" 2>&1 &&
+   ! "$py" -m pip install --no-deps --retries 0 --timeout 5 -e . >> "$out/install.txt" 2>&1; then
   tail -20 "$out/install.txt"
   echo "pip install --no-deps -e . failed: see install.txt"
   cat "$out/env.txt"
@@ -94,7 +96,9 @@ part() {  # part NAME SECONDS COMMAND...: run it with a time limit, its output t
 pytest_int=(-c 'import signal, sys, pytest; signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.exit(pytest.main(sys.argv[1:]))')
 part cuda-tests 120 "$py" "${pytest_int[@]}" -q -m cuda
-part tests 150 "$py" "${pytest_int[@]}" -q
+workers=()  # pytest-xdist, where it is there: the suite in ~165 s on that machine's 16 cores
+"$py" -c "import xdist" > /dev/null 2>&1 && workers=(-n 8)
+part tests 280 "$py" "${pytest_int[@]}" -q "${workers[@]}"
 part overhead 150 "$py" benchmarks/overhead.py --device cuda --processes 3 --rounds 20 --processes-cnn 2
 part compiled_step 90 "$py" benchmarks/compiled_step.py --rounds 15
-part accumulate_memory 40 "$py" benchmarks/accumulate_memory.py --cuda
+part accumulate_memory 120 "$py" benchmarks/accumulate_memory.py --cuda
