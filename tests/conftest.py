@@ -33,6 +33,23 @@ def _no_session_leak():
         pytest.fail(f"a test left a session open: {s!r}")
 
 
+@pytest.fixture(autouse=True)
+def _cuda_as_never_initialised(request, monkeypatch):
+    """Tests not marked ``cuda`` run as on a machine where CUDA was never initialised.
+
+    trainkit takes CUDA events, CUDA's memory peak and autocast's device from whether CUDA is
+    initialised in the process (``torch.cuda._initialized``, see ``trainkit.timing.cuda_in_use``);
+    on a GPU machine the ``cuda`` tests that ran earlier in the same process initialise it, and
+    the CPU tests after them would then see the GPU paths (PendingIntervals in the buffer, CUDA's
+    peak for ``peak_MB``) instead of the host's that they check.
+    """
+    import torch
+
+    if "cuda" not in request.keywords and torch.cuda.__dict__.get("_initialized") is True:
+        monkeypatch.setattr(torch.cuda, "_initialized", False)
+    yield
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 

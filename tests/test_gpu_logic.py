@@ -73,6 +73,10 @@ class Event:
 
 @pytest.fixture
 def cuda(monkeypatch):
+    if torch.cuda.is_available() and not torch.cuda.default_generators:
+        # A GPU machine where this process has not used CUDA yet: initialise it for real, else
+        # torch.manual_seed, seeing the flag faked below, seeds generators never made (IndexError)
+        torch.cuda.init()
     fake = FakeCuda()
     monkeypatch.setattr(timing, "_current_device", lambda: fake.current)
     monkeypatch.setattr(timing, "_new_event", fake.event)

@@ -254,7 +254,9 @@ def test_cuda_foreach_adam_onecycle_no_recompiles() -> None:
             o.zero_grad()
             s.step()
     for a, b in zip(model.parameters(), ref_model.parameters()):
-        assert ((a - b).norm() / b.norm()).item() < 1e-5
+        # fp32 kernels fused otherwise: 1.2e-5 apart on an H100 (torch 2.11), 5e-5 from a capturable
+        # eager Adam; an lr or schedule not applied, or stale after a recompile, is 1e-2 and more
+        assert ((a - b).norm() / b.norm()).item() < 1e-4
     assert opt.__dict__["_trainkit_patch"].core.trainkit_compiled.recompiles == 0
 
 
