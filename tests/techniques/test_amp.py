@@ -187,6 +187,25 @@ def test_bad_input(kwargs, needle):
     assert not _cpu_autocast_on()
 
 
+def test_the_device_defaults_to_the_scalers_own(monkeypatch):
+    """With CUDA in use in the process, a GradScaler('cpu') still means a loop on the CPU (it was
+    autocast on 'cuda' for CPU tensors: nothing cast, nothing ever skipped); without a scaler, or
+    with one for 'cuda' that turned itself off (no CUDA), the default stays "CUDA in use"."""
+    from trainkit.techniques import amp as amp_mod
+
+    monkeypatch.setattr(amp_mod.timing, "cuda_in_use", lambda: True)
+    assert amp_mod._check(torch.amp.GradScaler("cpu"), "fp16", None) == "cpu"
+    assert amp_mod._check(torch.amp.GradScaler("cpu", enabled=False), "bf16", None) == "cpu"
+    assert amp_mod._check(None, "bf16", None) == "cuda"
+    assert amp_mod._check(torch.amp.GradScaler("cpu"), "fp16", "cuda") == "cuda"  # asked for
+    with warnings.catch_warnings():  # torch warns that it disables itself without CUDA
+        warnings.simplefilter("ignore")
+        off = torch.amp.GradScaler("cuda", enabled=False)
+    assert amp_mod._check(off, "bf16", None) == "cuda"
+    monkeypatch.setattr(amp_mod.timing, "cuda_in_use", lambda: False)
+    assert amp_mod._check(off, "bf16", None) == "cpu"
+
+
 @pytest.mark.cuda
 def test_cuda_fp16_scaler_step():
     if not torch.cuda.is_available():

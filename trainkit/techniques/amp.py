@@ -210,15 +210,26 @@ def _resolve_dtype(dtype: str, device_type: str, scaler: Any) -> Any:
     return torch.bfloat16
 
 
+def _scaler_device(scaler: Any) -> Optional[str]:
+    """The device a GradScaler was made for, where it says: a GradScaler('cpu') on a machine that
+    also uses CUDA is for a loop on the CPU. One for 'cuda' that disabled itself (no CUDA here)
+    says nothing (the check that follows names the fix)."""
+    where = getattr(scaler, "_device", None)
+    if where == "cpu" or (where == "cuda" and callable(getattr(scaler, "is_enabled", None))
+                          and scaler.is_enabled()):
+        return where
+    return None
+
+
 def _check(scaler: Any, dtype: Any, device_type: Any) -> str:
     if dtype not in _DTYPES:
         raise ValueError(f"autocast_scaled(dtype={dtype!r}): dtype must be one of "
                          f"{', '.join(map(repr, _DTYPES))}, e.g. autocast_scaled(scaler, dtype='bf16')")
     if device_type is None:
-        device_type = "cuda" if timing.cuda_in_use() else "cpu"
+        device_type = _scaler_device(scaler) or ("cuda" if timing.cuda_in_use() else "cpu")
     if device_type not in ("cuda", "cpu"):
         raise ValueError(f"autocast_scaled(device_type={device_type!r}): device_type must be "
-                         f"'cuda', 'cpu' or None (None: 'cuda' when CUDA is in use)")
+                         f"'cuda', 'cpu' or None (None: the scaler's, else 'cuda' when CUDA is in use)")
     if scaler is not None and not all(hasattr(scaler, a) for a in ("scale", "step", "update")):
         raise TypeError(f"autocast_scaled(scaler={brief(scaler)}): expected a GradScaler or None, "
                         f"e.g. autocast_scaled(torch.amp.GradScaler('cuda'))")
@@ -253,7 +264,8 @@ def autocast_scaled(scaler: Any = None, *, dtype: Dtype = "auto",
     Args:
         scaler: a ``torch.amp.GradScaler``, or None.
         dtype: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"fp32"``.
-        device_type: ``"cuda"`` or ``"cpu"``; None: ``"cuda"`` when CUDA is in use.
+        device_type: ``"cuda"`` or ``"cpu"``; None: the scaler's own (``GradScaler('cpu')``:
+            ``"cpu"``), else ``"cuda"`` when CUDA is in use.
 
     Example::
 
