@@ -86,6 +86,39 @@ def trainkit_loop(model: torch.nn.Module, opt, crit, loader, s) -> None:
         s.log("loss", loss)
 
 
+PARTS = ("regions", "loader", "step", "log")
+
+
+def trainkit_parts(opt, batches, s, without: "tuple[str, ...]") -> Callable:
+    """The trainkit loop less the parts named in ``without`` (see :data:`PARTS`), each replaced by
+    a stand-in that is a C call with no Python frame (an empty block by name, a dict's ``get``),
+    so that its ratio against the whole loop's is what that part costs. Patches ``opt`` (unless
+    "step") and returns ``loop(model, opt, crit)``, one pass."""
+    unknown = sorted(set(without) - set(PARTS))
+    if unknown:
+        raise ValueError(f"without={unknown}: the parts are {', '.join(PARTS)}")
+    if "step" not in without:
+        tk.patch(opt)
+    loader = batches if "loader" in without else tk.patch(batches)
+    blocks = {name: Block() for name in ("forward", "loss", "backward")}
+    region = blocks.__getitem__ if "regions" in without else tk.profile_region
+    log = {}.get if "log" in without else s.log
+
+    def loop(model: torch.nn.Module, opt, crit) -> None:
+        for x, y in loader:
+            with region("forward"):
+                out = model(x)
+            with region("loss"):
+                loss = crit(out, y)
+            with region("backward"):
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+            log("loss", loss)
+
+    return loop
+
+
 class Block:
     """The cheapest ``with`` block measured here: ``__enter__`` and ``__exit__`` that do nothing.
 
@@ -131,7 +164,7 @@ def floor_loop(model: torch.nn.Module, opt, crit, batches, blocks, now: Callable
 
 
 def make_variants(make_model: Callable[[], torch.nn.Module], batches: List, s,
-                  device: torch.device) -> Dict[str, Callable]:
+                  device: torch.device, without: "tuple[str, ...]" = ()) -> Dict[str, Callable]:
     crit = torch.nn.CrossEntropyLoss()
     # One model for all variants, each with its own SGD over its parameters (SGD without momentum
     # keeps no state): the variants differ by their instrumentation only, not by where their
@@ -148,12 +181,19 @@ def make_variants(make_model: Callable[[], torch.nn.Module], batches: List, s,
         plain_loop(*models["plain again"], crit, batches)
 
     m_tk, opt_tk = models["trainkit"]
-    tk.patch(opt_tk)
-    loader_tk = tk.patch(batches)
+    if without:  # --without: the loop less some parts, to see what each costs
+        loop = trainkit_parts(opt_tk, batches, s, without)
 
-    def trainkit():
-        trainkit_loop(m_tk, opt_tk, crit, loader_tk, s)
-        s.flush()  # the writer's work for these steps, inside their time (see the docstring)
+        def trainkit():
+            loop(m_tk, opt_tk, crit)
+            s.flush()
+    else:
+        tk.patch(opt_tk)
+        loader_tk = tk.patch(batches)
+
+        def trainkit():
+            trainkit_loop(m_tk, opt_tk, crit, loader_tk, s)
+            s.flush()  # the writer's work for these steps, inside their time (see the docstring)
 
     from torch.utils.tensorboard import SummaryWriter
 
@@ -206,7 +246,7 @@ WORKLOADS = {"a": ("a: MLP 784-64-10, batch 32", mlp, 32, 1.03),
 
 
 def run_rounds(workload: str, steps: int, rounds: int, seed: int,
-               device: str = "cpu") -> Dict[str, List[float]]:
+               device: str = "cpu", without: "tuple[str, ...]" = ()) -> Dict[str, List[float]]:
     """One process's measurement: variant -> ms per step, one value per round.
 
     On a GPU the batches are on the device before the loop, and a variant's time runs from a
@@ -217,7 +257,7 @@ def run_rounds(workload: str, steps: int, rounds: int, seed: int,
     batches = [(x.to(dev), y.to(dev)) for x, y in make_batches(batch_size, steps)]
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     with tk.session(logdir=tempfile.mkdtemp(prefix="overhead-tk-")) as s:
-        variants = make_variants(make_model, batches, s, dev)
+        variants = make_variants(make_model, batches, s, dev, without)
         for fn in variants.values():  # warm-up: allocator, first-call costs, writer thread
             fn()
         sync()
@@ -237,7 +277,8 @@ def run_rounds(workload: str, steps: int, rounds: int, seed: int,
     return per_step
 
 
-def measure(workload: str, steps: int, rounds: int, processes: int, device: str = "cpu") -> float:
+def measure(workload: str, steps: int, rounds: int, processes: int, device: str = "cpu",
+            without: "tuple[str, ...]" = ()) -> float:
     """Run ``processes`` fresh processes of ``rounds`` rounds each; print and return the ratio.
 
     Fresh processes because a ratio drifts between processes (where code and objects land in
@@ -249,24 +290,27 @@ def measure(workload: str, steps: int, rounds: int, processes: int, device: str 
     for i in range(processes):
         out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", workload,
                               "--steps", str(steps), "--rounds", str(rounds), "--seed", str(i),
-                              "--device", device],
+                              "--device", device, "--without", ",".join(without)],
                              check=True, capture_output=True, text=True).stdout
         runs.append(json.loads(out.strip().splitlines()[-1]))
     per_step = {n: [v for run in runs for v in run[n]] for n in runs[0]}
     plain = np.array(per_step["plain"])
-    print(f"\n({label}, {device}) median plain step {np.median(plain):.3f} ms, {processes} processes x "
-          f"{rounds} rounds x {steps} steps")
+    less = "".join(f" -{p}" for p in without)
+    print(f"\n({label}, {device}{', trainkit' + less if less else ''}) median plain step "
+          f"{np.median(plain):.3f} ms, {processes} processes x {rounds} rounds x {steps} steps")
     result = 0.0
     for n in ("plain again", "trainkit", "by hand", "floor"):
         ratios = np.array(per_step[n]) / plain
         lo, hi = bootstrap_ci(ratios)
         med = float(np.median(ratios))
-        extra = ""
-        if n == "trainkit":
+        extra, shown = "", n
+        if n == "trainkit" and less:  # not the goal's loop: no verdict
+            shown = f"trainkit{less}"
+        elif n == "trainkit":
             result = med
             extra = f"   goal <= {goal:.2f}x: {'met' if med <= goal else 'NOT met'}"
         each = " ".join(f"{np.median(np.array(run[n]) / np.array(run['plain'])):.3f}" for run in runs)
-        print(f"  {n:11s} / plain = {med:.3f}x  (95% CI {lo:.3f}-{hi:.3f})  "
+        print(f"  {shown:11s} / plain = {med:.3f}x  (95% CI {lo:.3f}-{hi:.3f})  "
               f"median step {np.median(per_step[n]):.3f} ms{extra}\n"
               f"  {'':11s}   per process: {each}")
     return result
@@ -283,13 +327,23 @@ def main() -> None:
     ap.add_argument("--only", choices=sorted(WORKLOADS), help="measure one workload")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                     help="where the model and the batches are (cuda: the GPU path, CUDA events)")
+    ap.add_argument("--without", default="", metavar="PART,...",
+                    help=f"time the trainkit loop less these parts ({', '.join(PARTS)}; each left out "
+                         f"for a stand-in that costs next to nothing): what they cost is its ratio's "
+                         f"drop against a run without --without")
     ap.add_argument("--child", choices=sorted(WORKLOADS), help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    without = tuple(p for p in args.without.split(",") if p)
+    bad = sorted(set(without) - set(PARTS))
+    if bad:
+        ap.error(f"--without {args.without}: no part {', '.join(map(repr, bad))}; the parts are "
+                 f"{', '.join(PARTS)}, e.g. --without regions,log")
     torch.set_num_threads(1)
     if args.child:
-        print(json.dumps(run_rounds(args.child, args.steps, args.rounds, args.seed, args.device)))
+        print(json.dumps(run_rounds(args.child, args.steps, args.rounds, args.seed, args.device,
+                                    without)))
         return
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA device here; run it on a GPU machine, or drop "
@@ -301,9 +355,9 @@ def main() -> None:
     print(f"torch {torch.__version__}, trainkit {tk.__version__} ({fast}), 1 thread, "
           f"{time.strftime('%Y-%m-%d')}, {where}")
     if args.only in (None, "a"):
-        measure("a", args.steps_mlp, args.rounds, args.processes, args.device)
+        measure("a", args.steps_mlp, args.rounds, args.processes, args.device, without)
     if args.only in (None, "b"):
-        measure("b", args.steps_cnn, args.rounds_cnn, args.processes_cnn, args.device)
+        measure("b", args.steps_cnn, args.rounds_cnn, args.processes_cnn, args.device, without)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ def child(variant: str, passes: int, helper: str) -> None:
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     # overhead.py's own loops (importing it also puts this checkout's trainkit on the path)
-    from overhead import Block, floor_loop, make_batches, mlp, plain_loop, trainkit_loop
+    from overhead import (Block, floor_loop, make_batches, mlp, plain_loop, trainkit_loop,
+                          trainkit_parts)
     import torch
 
     import trainkit as tk
@@ -74,26 +75,10 @@ def child(variant: str, passes: int, helper: str) -> None:
         def one_pass() -> None:
             trainkit_loop(model, opt, crit, loader, s)
     else:  # "trainkit -<part>": the trainkit loop without one of its parts (--parts)
-        left_out = variant.split(" -", 1)[1]
-        if left_out != "step":
-            tk.patch(opt)
-        loader = tk.patch(batches) if left_out != "loader" else batches
-        # stand-ins that are C calls (no Python frame): empty blocks by name, a dict's get
-        blocks = {name: Block() for name in ("forward", "loss", "backward")}
-        region = tk.profile_region if left_out != "regions" else blocks.__getitem__
-        log = s.log if left_out != "log" else {}.get
+        loop = trainkit_parts(opt, batches, s, (variant.split(" -", 1)[1],))
 
         def one_pass() -> None:
-            for x, y in loader:
-                with region("forward"):
-                    out = model(x)
-                with region("loss"):
-                    loss = crit(out, y)
-                with region("backward"):
-                    loss.backward()
-                opt.step()
-                opt.zero_grad()
-                log("loss", loss)
+            loop(model, opt, crit)
     cg = ctypes.CDLL(helper)
     one_pass()
     one_pass()  # warm: first-call costs, allocator
