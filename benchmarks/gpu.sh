@@ -3,7 +3,7 @@
 # an H100 with 16 cores: the tests took ~4 minutes, the benchmarks ~5, each call ~1.5 more to start):
 #
 #     run(command="bash benchmarks/gpu.sh cuda-tests tests", carry=["benchmarks/wheels"], timeout_s=600)
-#     run(command="bash benchmarks/gpu.sh overhead compiled_step accumulate_memory",
+#     run(command="bash benchmarks/gpu.sh overhead overhead_parts compiled_step accumulate_memory",
 #         carry=["benchmarks/wheels"], timeout_s=600)
 #
 # It installs this checkout with `pip install --no-deps -e .` (the GPU machine reaches no registry
@@ -29,7 +29,7 @@
 set -uo pipefail
 out="${OUT:?set OUT to a folder for the results (the device tool sets it)}"
 py="${PYTHON:-python3}"
-all_parts="cuda-tests tests overhead compiled_step accumulate_memory"
+all_parts="cuda-tests tests overhead overhead_parts compiled_step accumulate_memory"
 for name in "$@"; do
   case " $all_parts " in
     *" $name "*) ;;
@@ -100,5 +100,9 @@ workers=()  # pytest-xdist, where it is there: the suite in ~165 s on that machi
 "$py" -c "import xdist" > /dev/null 2>&1 && workers=(-n 8)
 part tests 280 "$py" "${pytest_int[@]}" -q "${workers[@]}"
 part overhead 150 "$py" benchmarks/overhead.py --device cuda --processes 3 --rounds 20 --processes-cnn 2
+# What each part of the trainkit loop costs there: the MLP's loop less one part at a time
+part overhead_parts 130 bash -c 'for p in "" regions loader step log; do
+  "$0" benchmarks/overhead.py --device cuda --only a --processes 1 --rounds 10 --without "$p" || exit
+done' "$py"
 part compiled_step 90 "$py" benchmarks/compiled_step.py --rounds 15
 part accumulate_memory 120 "$py" benchmarks/accumulate_memory.py --cuda
