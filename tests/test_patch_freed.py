@@ -71,3 +71,30 @@ def test_a_step_method_kept_across_unpatch_still_steps():
     step = opt.step
     tk.unpatch(opt)
     step()  # unpatched since: the class's own step
+
+
+@pytest.mark.parametrize("use_c", [True, False], ids=["C", "Python"])
+def test_a_step_kept_after_its_optimizer_was_dropped_says_so(tmp_path, monkeypatch, use_c):
+    """`step = opt.step; del opt`: unpatched, the bound method keeps the optimizer alive; the
+    patched one holds it weakly (above), and its call said "TypeError: instance must not be
+    None". Now a ReferenceError that says why and what to do, and nothing recorded for it."""
+    from trainkit import recorder
+
+    if use_c and recorder._fast is None:
+        pytest.skip("trainkit._speedups is not built here")
+    monkeypatch.setattr(recorder, "_fast", recorder._fast if use_c else None)
+    model = mlp()
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+        assert (type(getattr(opt.step, "__func__", opt.step)).__name__ == "FastStep") is use_c
+        train(model, opt, loader(n=16))
+        step = opt.step
+        freed = weakref.ref(opt)
+        del opt
+        gc.collect()
+        assert freed() is None
+        before = (s.step, len(s._buf))
+        with pytest.raises(ReferenceError, match="SGD.step: its optimizer was deleted.*keep a "
+                                                 "reference to the optimizer"):
+            step()
+        assert (s.step, len(s._buf)) == before

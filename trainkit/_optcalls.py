@@ -33,7 +33,19 @@ def unbind(method: Any, opt: Any) -> Tuple[Any, bool]:
 def rebind(saved: Tuple[Any, bool], ref: "weakref.ref[Any]") -> Any:
     """The callable :func:`unbind` took apart, bound again to the optimizer ``ref`` points at."""
     fn, bound = saved
-    return types.MethodType(fn, ref()) if bound else fn
+    if not bound:
+        return fn
+    obj = ref()
+    return types.MethodType(fn, obj) if obj is not None else gone(fn)
+
+
+def gone(fn: Any) -> Any:
+    """Raise for a patched optimizer's method called after the optimizer was freed."""
+    raise ReferenceError(
+        f"{getattr(fn, '__qualname__', fn)!s}: its optimizer was deleted; trainkit's patched "
+        f"optimizer holds itself weakly (so that `del optimizer` frees its state at once, as "
+        f"unpatched), so a `step = optimizer.step` kept alone does not keep it alive: keep a "
+        f"reference to the optimizer while you call its step")
 
 
 def referent(obj: Any) -> Any:

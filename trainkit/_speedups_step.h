@@ -209,12 +209,18 @@ static int fs_fast(FastStep *self, PyObject **out) {
     }
     if (!(core = PyObject_GetAttr(p, fs_core))) goto done;
     if (!(t0 = PyObject_CallNoArgs(self->now))) goto done;
-    /* `core() if core is not None else own(ref()) if bound else own()` */
+    /* `core() if core is not None else own() if not bound else own(opt) if (opt := ref()) is
+       not None else gone(own)`; gone(): the closure's, called as the fallback */
     if (core != Py_None)
         res = PyObject_CallNoArgs(core);
     else if (self->bound) {
         PyObject *opt = PyObject_CallNoArgs(self->ref);
         if (!opt) goto done;
+        if (opt == Py_None) {  /* the optimizer was freed: the Python closure says so */
+            Py_DECREF(opt);
+            rc = 0;
+            goto done;
+        }
         res = PyObject_CallOneArg(self->own, opt);
         Py_DECREF(opt);
     } else

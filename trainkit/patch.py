@@ -24,7 +24,7 @@ import weakref
 from typing import Any, Callable, Optional
 
 from . import recorder as _recorder, timing
-from ._optcalls import ZERO_GRAD_SIGNATURE, closure_of as _closure_of, rebind, referent, \
+from ._optcalls import ZERO_GRAD_SIGNATURE, closure_of as _closure_of, gone, rebind, referent, \
     run_closure as _run_closure, scheduler_marked, timed_closure as _timed_closure, unbind
 from ._text import brief
 from ._wrapped import inner_optimizer, repoint_saved_step
@@ -242,7 +242,8 @@ def _step_function(p: OptimizerPatch) -> Any:
             if s is not None and s._primary is p and not tap._is_profiler_enabled:
                 core = p._core
                 t0 = now()
-                out = core() if core is not None else own(ref()) if bound else own()
+                out = (core() if core is not None else own() if not bound
+                       else own(opt) if (opt := ref()) is not None else gone(own))
                 t1 = now()
                 n = s.step
                 s._buf.append((STEP_REC, n, t0, t1, s._last_step_end))
