@@ -82,6 +82,25 @@ def test_a_batch_that_cannot_fit_is_refused_before_anything_is_made(tmp_path, ca
     demo.check_memory(demo.DemoConfig(train_size=128, batch_size=10 ** 9))
 
 
+def test_demos_started_in_the_same_second_get_a_folder_each(tmp_path, monkeypatch, capsys):
+    """Two demos started within one second wrote into one folder (one run in TensorBoard, steps
+    of both); a bad --batch-size still makes no folder at all."""
+    import datetime
+    import os
+
+    from trainkit import _logdir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(_logdir, "run_start_time", lambda: datetime.datetime(2026, 11, 23, 9, 0, 0))
+    assert cli.main(["demo", "--train-size", "10000000", "--batch-size", "10000000",
+                     "--no-progress"]) == 2
+    assert not (tmp_path / "runs").exists()
+    capsys.readouterr()
+    first, second = demo.default_logdir(), demo.default_logdir()
+    assert first == os.path.join("runs", "demo-20261123-090000") and second == first + "-2"
+    assert os.path.isdir(first) and os.path.isdir(second)
+
+
 def test_epochs_after_max_seconds_are_not_run(tmp_path, monkeypatch):
     """Each epoch left after --max-seconds still fetched a batch and evaluated the model."""
     calls = []

@@ -126,6 +126,29 @@ def test_a_forked_child_starts_a_session_of_its_own(tmp_path):
     assert scalars(tmp_path / "parent")["a"] == [(1, 2.0)]  # 1.0 and 3.0 in one step: the mean
 
 
+def test_sessions_without_a_logdir_started_in_the_same_second_get_a_folder_each(tmp_path,
+                                                                                monkeypatch):
+    """runs/<time>_<host> named by the second: two runs started in one second shared it and
+    TensorBoard showed them as one. Under torchrun the ranks still share theirs."""
+    import datetime
+
+    from trainkit import _logdir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(_logdir, "run_start_time", lambda: datetime.datetime(2026, 11, 23, 9, 0, 0))
+    with tk.session(system_metrics=False) as first:
+        first.log("x", 1.0)
+    with tk.session(system_metrics=False) as second:
+        second.log("x", 2.0)
+    assert second.logdir == first.logdir + "-2"
+    assert first.logdir.startswith(os.path.join("runs", "Nov23_09-00-00_"))
+    assert scalars(first.logdir)["x"] == [(1, 1.0)] and scalars(second.logdir)["x"] == [(1, 2.0)]
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    shared = os.path.join("runs", "shared")
+    assert _logdir.fresh_folder(shared) == shared and not os.path.exists(shared)
+
+
 def test_ranks_started_seconds_apart_pick_one_default_logdir():
     # Under torchrun every rank writes <logdir>/rank<N> of one logdir: without logdir=, the
     # folder's time is the launcher's (here this process, the parent of both), not the rank's.

@@ -28,10 +28,36 @@ def run_start_time() -> datetime.datetime:
 
 
 def default_logdir() -> str:
-    """Where a session without ``logdir`` writes: ``runs/<time>_<host>``."""
+    """Where a session without ``logdir`` writes: ``runs/<time>_<host>`` (made here, see
+    :func:`fresh_folder`)."""
     # The layout torch.utils.tensorboard.SummaryWriter uses, so runs sort by time.
     when = run_start_time()
-    return os.path.join("runs", f"{when.strftime('%b%d_%H-%M-%S')}_{socket.gethostname()}")
+    return fresh_folder(os.path.join("runs", f"{when.strftime('%b%d_%H-%M-%S')}_{socket.gethostname()}"))
+
+
+def fresh_folder(path: str) -> str:
+    """A default run folder of its own: ``path``, else ``path-2``, ``path-3``..., the first that
+    did not exist, made here (``mkdir`` is atomic: two runs started in the same second, which
+    shared one folder and showed as one run, get one each).
+
+    Under torchrun ``path`` as it is: the ranks of a machine share it (each writes its
+    ``rank<N>`` inside), and a rank cannot tell another rank's folder from an earlier run's.
+    Where the folder cannot be made, ``path``: :func:`check_logdir` then says why.
+    """
+    if _env.rank() is not None:
+        return path
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        for i in range(1, 10_000):
+            candidate = path if i == 1 else f"{path}-{i}"
+            try:
+                os.mkdir(candidate)
+                return candidate
+            except FileExistsError:
+                continue
+    except OSError:
+        pass
+    return path
 
 
 def check_logdir(logdir: Any) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import io
 import sys
@@ -39,15 +40,17 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
 def _demo_run(args: argparse.Namespace) -> int:
     from . import demo
 
-    # The default folder is fixed here, so it is checked like a given one and the run says it.
-    logdir = demo.default_logdir() if args.logdir is None else args.logdir
     try:
-        config = demo.DemoConfig(logdir=logdir, epochs=args.epochs, train_size=args.train_size,
+        config = demo.DemoConfig(logdir=args.logdir, epochs=args.epochs, train_size=args.train_size,
                                  batch_size=args.batch_size, max_seconds=args.max_seconds,
                                  progress=not args.no_progress)
         demo.check_memory(config)  # a --batch-size that cannot fit: said before anything is made
     except ValueError as exc:
         return _usage.leave(f"trainkit demo: {exc}\n")
+    # The default folder is fixed (and made) here, so it is checked like a given one and the run
+    # says it.
+    logdir = demo.default_logdir() if args.logdir is None else args.logdir
+    config = dataclasses.replace(config, logdir=logdir)
     from .session import _check_logdir
 
     try:  # a bad folder is refused here, not after a traceback

@@ -96,11 +96,12 @@ class DemoResult:
 
 
 def default_logdir() -> str:
-    """``runs/demo-<date>-<time>``; under torchrun the launcher's start time, one folder for all
+    """``runs/demo-<date>-<time>``, made here (``-2``... for a demo started in the same second:
+    see ``_logdir.fresh_folder``); under torchrun the launcher's start time, one folder for all
     the ranks of a machine (each rank's own clock may cross a second between them)."""
-    from ._logdir import run_start_time
+    from ._logdir import fresh_folder, run_start_time
 
-    return os.path.join("runs", "demo-" + run_start_time().strftime("%Y%m%d-%H%M%S"))
+    return fresh_folder(os.path.join("runs", "demo-" + run_start_time().strftime("%Y%m%d-%H%M%S")))
 
 
 def check_memory(config: DemoConfig) -> None:
