@@ -30,7 +30,8 @@ def _warm_up():  # an optimizer's first step ever keeps it in torch's caches onc
     train(model, opt, loader(n=8))
 
 
-@pytest.mark.parametrize("how", ["plain", "scheduler", "set_to_none_off", "fused", "accumulate"])
+@pytest.mark.parametrize("how", ["plain", "scheduler", "set_to_none_off", "fused", "accumulate",
+                                 "compiled"])
 def test_a_dropped_patched_optimizer_is_freed_without_the_cyclic_collector(
         tmp_path, no_cyclic_gc, monkeypatch, how):
     # The patch kept bound methods of the optimizer in its own __dict__ (its step, its
@@ -46,8 +47,11 @@ def test_a_dropped_patched_optimizer_is_freed_without_the_cyclic_collector(
     _warm_up()
     model = mlp()
     with tk.session(logdir=tmp_path, system_metrics=False) as s:
-        opt = tk.patch(torch.optim.Adam(model.parameters(), lr=1e-2))
-        sched = torch.optim.lr_scheduler.StepLR(opt, 2) if how == "scheduler" else None
+        # compiled: the bound step compiled, and the optimizer held for its hyper-parameter
+        # tensors, kept it alive (a cycle through the patch), its state and all
+        opt = tk.patch(torch.optim.Adam(model.parameters(), lr=1e-2), compile=how == "compiled")
+        sched = (torch.optim.lr_scheduler.StepLR(opt, 2) if how in ("scheduler", "compiled")
+                 else None)
         if how == "fused":
             assert opt.defaults["fused"] is True
         if how == "accumulate":

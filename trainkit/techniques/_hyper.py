@@ -6,6 +6,7 @@ back after it (:mod:`trainkit.techniques.compiled_step`).
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Dict, List, Tuple
 
 
@@ -72,7 +73,9 @@ class HyperTensors:
     KEYS = ("lr", "betas")
 
     def __init__(self, opt: Any) -> None:
-        self.opt = opt
+        # Weakly: this lives in the optimizer's patch (a strong one was a reference cycle, and
+        # the optimizer and its state outlived `del optimizer` until the cyclic collector ran)
+        self._opt = weakref.ref(opt)
         self._tensors: Dict[Tuple[int, str], Any] = {}
         self._filled: Dict[Tuple[int, str], float] = {}  # the value each tensor holds
         self._betas_seen: Dict[int, Any] = {}  # group -> betas at the previous call
@@ -104,13 +107,21 @@ class HyperTensors:
             self._filled[(gi, key)] = value
         return t
 
+    @property
+    def opt(self) -> Any:
+        """The optimizer (None once it was freed)."""
+        return self._opt()
+
     def swap_in(self) -> List[Tuple[Dict[str, Any], str, Any]]:
         """Put tensors holding the current values into ``param_groups``; returns what to restore."""
         import torch
 
-        saved = []
+        saved: List[Tuple[Dict[str, Any], str, Any]] = []
         self.expect_compile = False
-        for gi, group in enumerate(self.opt.param_groups):
+        opt = self.opt
+        if opt is None:
+            return saved
+        for gi, group in enumerate(opt.param_groups):
             params = group["params"]
             device = params[0].device if params else "cpu"
             wide = bool(params) and params[0].dtype == torch.float64
@@ -122,18 +133,18 @@ class HyperTensors:
                       and all(isinstance(b, float) for b in value)):
                     if not self._betas_moving.get(gi):
                         seen = self._betas_seen.get(gi)
-                        if seen not in (None, value) and _takes_tensor(self.opt, group, key):
-                            _check_tensor_betas(self.opt, device, saved)
+                        if seen not in (None, value) and _takes_tensor(opt, group, key):
+                            _check_tensor_betas(opt, device, saved)
                         self._betas_seen[gi] = value
                         if seen is None or seen == value:
                             continue  # constant so far: left a Python float, folded by inductor
                         self._betas_moving[gi] = True
-                        self.expect_compile = _takes_tensor(self.opt, group, key)
+                        self.expect_compile = _takes_tensor(opt, group, key)
                     new = (self._tensor(gi, "beta1", value[0], device, wide),
                            self._tensor(gi, "beta2", value[1], device, wide))
                 else:
                     continue  # absent, or already a tensor (the user's own recipe)
-                if not _takes_tensor(self.opt, group, key):
+                if not _takes_tensor(opt, group, key):
                     continue
                 saved.append((group, key, value))
                 group[key] = new

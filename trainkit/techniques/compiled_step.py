@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, overload
 
 from ..session import active as _active_session  # the module name is rebound by __init__
 from .._text import brief
-from .._optcalls import uncounted
+from .._optcalls import gone, rebind, unbind, uncounted
 from ..recorder import COMPILE_RECOMPILES, COMPILE_SECONDS
 from ._hyper import HyperTensors
 from ._state_keeper import keep_state_tensors, release_state_tensors
@@ -196,15 +196,26 @@ def compile_core(opt: Any, step: Callable[..., Any], *, mode: Optional[str] = No
     if not technique("compile", True):
         return step
     inner, count = uncounted(opt, step)  # an older torch's LR scheduler count, kept out of it
-    compiled = _Compiled(inner, lambda: [opt], mode=mode, fullgraph=fullgraph,
-                         name=type(opt).__name__)
+    # Nothing here holds the optimizer: this core lives in its patch, and a reference to it (the
+    # bound step compiled, the step kept for closures) was a cycle that kept the optimizer and
+    # its state (Adam's moments, on the GPU) past `del optimizer` until the cyclic collector ran.
+    # So the step's function is compiled and given the optimizer at each call (dynamo keeps no
+    # reference to the arguments of the frames it compiles).
+    ref = weakref.ref(opt)
+    own, bound = unbind(step, opt)
+    func, with_opt = unbind(inner, opt)
+    compiled = _Compiled(func, lambda: [o for o in (ref(),) if o is not None], mode=mode,
+                         fullgraph=fullgraph, name=type(opt).__name__)
 
     def core(*args: Any, **kwargs: Any) -> Any:
         if args or kwargs:
-            return step(*args, **kwargs)
+            return rebind((own, bound), ref)(*args, **kwargs)
         if count is not None:
             count()
-        return compiled()
+        if not with_opt:
+            return compiled()
+        o = ref()
+        return compiled(o) if o is not None else gone(func)
 
     core.trainkit_compiled = compiled  # type: ignore[attr-defined]
     return core
