@@ -2,7 +2,8 @@
 # What a session lent a GPU runs there, in two calls of the device tool (first lent on 2026-11-23,
 # an H100 with 16 cores: the tests took ~4 minutes, the benchmarks ~5, each call ~1.5 more to start):
 #
-#     run(command="bash benchmarks/gpu.sh cuda-tests tests", carry=["benchmarks/wheels"], timeout_s=600)
+#     run(command="bash benchmarks/gpu.sh cuda-tests tests sigint", carry=["benchmarks/wheels"],
+#         timeout_s=600)
 #     run(command="bash benchmarks/gpu.sh overhead overhead_parts compiled_step accumulate_memory",
 #         carry=["benchmarks/wheels"], timeout_s=600)
 #
@@ -29,7 +30,7 @@
 set -uo pipefail
 out="${OUT:?set OUT to a folder for the results (the device tool sets it)}"
 py="${PYTHON:-python3}"
-all_parts="cuda-tests tests overhead overhead_parts compiled_step accumulate_memory"
+all_parts="cuda-tests tests sigint overhead overhead_parts compiled_step accumulate_memory"
 for name in "$@"; do
   case " $all_parts " in
     *" $name "*) ;;
@@ -99,6 +100,8 @@ part cuda-tests 120 "$py" "${pytest_int[@]}" -q -m cuda
 workers=()  # pytest-xdist, where it is there: the suite in ~165 s on that machine's 16 cores
 "$py" -c "import xdist" > /dev/null 2>&1 && workers=(-n 8)
 part tests 280 "$py" "${pytest_int[@]}" -q "${workers[@]}"
+# An uncaught KeyboardInterrupt exited 1 there instead of dying by SIGINT: which step makes it
+part sigint 60 "$py" benchmarks/sigint_probe.py
 part overhead 150 "$py" benchmarks/overhead.py --device cuda --processes 3 --rounds 20 --processes-cnn 2
 # What each part of the trainkit loop costs there: the MLP's loop less one part at a time
 part overhead_parts 130 bash -c 'for p in "" regions loader step log; do
