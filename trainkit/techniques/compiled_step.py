@@ -202,14 +202,14 @@ def compile_core(opt: Any, step: Callable[..., Any], *, mode: Optional[str] = No
     # So the step's function is compiled and given the optimizer at each call (dynamo keeps no
     # reference to the arguments of the frames it compiles).
     ref = weakref.ref(opt)
-    own, bound = unbind(step, opt)
+    eager = unbind(step, opt)  # for a call with a closure
     func, with_opt = unbind(inner, opt)
     compiled = _Compiled(func, lambda: [o for o in (ref(),) if o is not None], mode=mode,
                          fullgraph=fullgraph, name=type(opt).__name__)
 
     def core(*args: Any, **kwargs: Any) -> Any:
         if args or kwargs:
-            return rebind((own, bound), ref)(*args, **kwargs)
+            return rebind(eager, ref)(*args, **kwargs)
         if count is not None:
             count()
         if not with_opt:
