@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 from typing import Any, List, Tuple
@@ -233,6 +234,34 @@ def test_ci_builds_the_extension():
     assert importlib.util.find_spec("trainkit._speedups") is not None, ("trainkit._speedups was not built by `pip install`: a C compiler and "
                               "Python's headers are needed (apt-get install gcc python3-dev)")
 
+
+@pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
+def test_the_c_source_compiles_without_warnings():
+    """-Wall -Wextra clean: a warning there (an unused argument, a missing initializer) has hidden
+    real mistakes before, such as keyword arguments a constructor took and ignored."""
+    import sysconfig
+
+    include = sysconfig.get_paths()["include"]
+    if not os.path.exists(os.path.join(include, "Python.h")):
+        pytest.skip("no Python.h here (python3-dev)")
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "trainkit",
+                       "_speedups.c")
+    out = subprocess.run(["gcc", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-I" + include,
+                          src], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+@needs_c
+@pytest.mark.parametrize("make", ["RegionEnter", "RegionExit"])
+def test_the_c_regions_refuse_keyword_arguments(make):
+    from trainkit import timing
+    from trainkit.profiling import regions
+
+    args = {"RegionEnter": ([], timing.now),
+            "RegionExit": ("t", [], None, vars(timing), vars(regions))}[make]
+    getattr(fast, make)(*args)  # as trainkit makes them
+    with pytest.raises(TypeError, match="no keyword arguments"):
+        getattr(fast, make)(*args, extra=1)
 
 def _region_records(tmp_path, use_c: bool, monkeypatch: pytest.MonkeyPatch) -> list:
     """The records of a scripted run of regions on a fake clock: nested entries, steps ending

@@ -48,7 +48,7 @@ static PyObject *s_write_scalars, *s_file, *s_write, *s_write_record, *s_step, *
     *s_wall_time;
 static int ready = 0;
 
-static PyObject *setup(PyObject *self, PyObject *args) {
+static PyObject *setup(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *tags, *funcs;
     if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &tags, &PyTuple_Type, &funcs)) return NULL;
     PyObject **slots[] = {&STEP_REC, &BATCH_REC, &UPDATE_MS, &STEP_END, &STEP_TIME, &DATA_WAIT,
@@ -151,7 +151,7 @@ static int file_value(PyObject *tags, PyObject *tag, PyObject *v) {
 #include "_speedups_regions.h" /* RegionEnter, RegionExit */
 #include "_speedups_step.h" /* FastStep: a patched optimizer's step */
 
-static PyObject *py_crc32c(PyObject *self, PyObject *arg) {
+static PyObject *py_crc32c(PyObject *Py_UNUSED(self), PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     uint32_t c = crc32c((const unsigned char *)view.buf, (size_t)view.len);
@@ -169,8 +169,13 @@ static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_O, "crc32c(data) -> int: CRC-32C (Castagnoli) of a buffer."},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "trainkit._speedups",
-                                    "The session writer's per-record work, in C.", -1, methods};
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "trainkit._speedups",
+    .m_doc = "trainkit's per-step work in C: the session writer's, regions' and the step's.",
+    .m_size = -1,
+    .m_methods = methods,
+};
 
 PyMODINIT_FUNC PyInit__speedups(void) {
     crc_init();

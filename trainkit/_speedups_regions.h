@@ -19,6 +19,10 @@ static void enter_dealloc(RegionEnter *self) {
 
 static PyObject *enter_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *starts, *now;
+    if (kw && PyDict_GET_SIZE(kw)) {
+        PyErr_SetString(PyExc_TypeError, "RegionEnter() takes no keyword arguments");
+        return NULL;
+    }
     if (!PyArg_ParseTuple(args, "O!O:RegionEnter", &PyList_Type, &starts, &now)) return NULL;
     RegionEnter *self = (RegionEnter *)type->tp_alloc(type, 0);
     if (!self) return NULL;
@@ -75,6 +79,10 @@ static void exit_dealloc(RegionExit *self) {
 
 static PyObject *exit_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *tag, *starts, *full, *timing, *smod;
+    if (kw && PyDict_GET_SIZE(kw)) {
+        PyErr_SetString(PyExc_TypeError, "RegionExit() takes no keyword arguments");
+        return NULL;
+    }
     if (!PyArg_ParseTuple(args, "UO!OO!O!:RegionExit", &tag, &PyList_Type, &starts, &full,
                           &PyDict_Type, &timing, &PyDict_Type, &smod))
         return NULL;

@@ -293,7 +293,7 @@ static PyObject *fs_vectorcall(PyObject *callable, PyObject *const *args, size_t
 }
 
 /* As a function's __get__: bound to an instance, itself without one */
-static PyObject *fs_descr_get(PyObject *self, PyObject *obj, PyObject *type) {
+static PyObject *fs_descr_get(PyObject *self, PyObject *obj, PyObject *Py_UNUSED(type)) {
     if (obj == NULL || obj == Py_None) {
         Py_INCREF(self);
         return self;
@@ -328,7 +328,7 @@ static int fs_set_str(FastStep *self, PyObject *value, void *which) {
 }
 
 /* inspect.signature(fallback): the closure's (self, *args, **kwargs) */
-static PyObject *fs_get_signature(FastStep *self, void *closure) {
+static PyObject *fs_get_signature(FastStep *self, void *Py_UNUSED(closure)) {
     if (!self->fallback) {
         PyErr_SetString(PyExc_AttributeError, "__signature__");
         return NULL;
@@ -341,7 +341,7 @@ static PyObject *fs_get_signature(FastStep *self, void *closure) {
 }
 
 /* copy.copy / copy.deepcopy take a function as it is: this too */
-static PyObject *fs_self(PyObject *self, PyObject *unused) {
+static PyObject *fs_self(PyObject *self, PyObject *Py_UNUSED(unused)) {
     Py_INCREF(self);
     return self;
 }

@@ -144,7 +144,7 @@ static int do_write_steps(PyObject *opened, PyObject *completed, int final, Ctx 
     return rc;
 }
 
-static PyObject *write_steps(PyObject *self, PyObject *args) {
+static PyObject *write_steps(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *opened, *completed, *ctx;
     int final;
     if (!check_ready() ||
@@ -214,7 +214,7 @@ done:
     return rc;
 }
 
-static PyObject *ingest(PyObject *self, PyObject *args) {
+static PyObject *ingest(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *buf, *opened, *completed, *ctx;
     int final;
     if (!check_ready() ||
