@@ -9,7 +9,7 @@ import torch
 
 import trainkit as tk
 from tests.conftest import scalars
-from tests.helpers import mlp
+from tests.helpers import loader, mlp
 
 
 def _steps(got, tag):
@@ -111,3 +111,37 @@ def test_a_body_left_after_its_work_counts_by_what_it_recorded_or_its_time(tmp_p
         got = scalars(tmp_path / run)
         assert _steps(got, "trainkit/step_time_ms") == steps, run
         assert _steps(got, "trainkit/data_wait_ms") == [1], run
+
+
+def test_a_batch_left_untrained_by_a_break_or_a_zip_brings_no_items_to_the_next_step(tmp_path):
+    # A break at the top of the loop (steps per epoch capped), and the unpaired batch of
+    # zip(long, short): the loader handed out a batch that no step trained on. Its items left
+    # in the step in progress made the next epoch's first step count two batches (samples/s
+    # doubled at every epoch boundary); its wait stays there, inside that step's wall time.
+    model = mlp()
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    data = list(loader(n=80, batch_size=8))
+    with tk.session(logdir=tmp_path / "break", system_metrics=False):
+        batches = tk.patch(data)
+        for epoch in range(3):
+            for i, (x, y) in enumerate(batches):
+                if i == 3:
+                    break
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+    with tk.session(logdir=tmp_path / "zip", system_metrics=False):
+        for epoch in range(2):
+            for (x, y), _ in zip(tk.patch(data[:3]), tk.patch([None] * 2)):
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+    for run, steps in (("break", 9), ("zip", 4)):
+        got = scalars(tmp_path / run)
+        step_ms = got["trainkit/step_time_ms"]
+        assert [st for st, _ in step_ms] == list(range(1, steps + 1)), run
+        for (st, sps), (_, ms) in zip(got["trainkit/samples_per_s"], step_ms):
+            assert sps == pytest.approx(8 / (ms / 1e3), rel=1e-4), (run, st)
+        # the last untrained batch's wait: a step of its own, with no items (nothing follows)
+        assert [st for st, _ in got["trainkit/data_wait_ms"]][-1] == steps + 1, run
+        assert len(got["trainkit/samples_per_s"]) == steps, run

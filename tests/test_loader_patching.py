@@ -1,0 +1,147 @@
+"""tk.patch(loader): the patched loader keeps its source's length, attributes and epochs (a
+generator has no length), and what it measures of each step: the wait for the batch, and the items
+samples/s counts in it (dicts, nested and per-sample records, batches that change shape mid-pass,
+the batches an accumulation window adds up)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import trainkit as tk
+from tests.conftest import scalars
+from tests.helpers import loader, mlp
+
+
+class SlowDataset(torch.utils.data.Dataset):
+    def __init__(self, n: int, delay: float) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        time.sleep(self.delay)
+        return torch.full((4,), float(i)), i % 2
+
+
+def test_patched_loader_keeps_len_attributes_and_epochs():
+    dl = loader(n=40, batch_size=8)
+    p = tk.patch(dl)
+    assert len(p) == 5 and p.dataset is dl.dataset and p.batch_size == 8
+    first = [x.clone() for x, _ in p]
+    second = [x.clone() for x, _ in p]
+    assert len(first) == len(second) == 5
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    assert tk.patch(p) is p and tk.unpatch(p) is dl
+
+
+def test_a_patched_source_without_len_has_none_and_is_true():
+    import collections.abc
+
+    gen = (torch.zeros(2) for _ in range(3))
+    p = tk.patch(gen)
+    assert bool(p) and not hasattr(p, "__len__") and not isinstance(p, collections.abc.Sized)
+    sized = tk.patch([])
+    assert len(sized) == 0 and not sized and isinstance(sized, collections.abc.Sized)
+    assert isinstance(sized, type(p))  # both are patched loaders: tk.unpatch takes either
+
+
+def test_generator_source_without_len():
+    p = tk.patch(x for x in range(3))
+    with pytest.raises(TypeError):
+        len(p)
+    assert list(p) == [0, 1, 2]
+
+
+def test_data_wait_reflects_a_slow_dataset(tmp_path):
+    model = mlp()
+    opt = torch.optim.SGD(torch.nn.Linear(4, 2).parameters(), lr=0.1)
+    ds = SlowDataset(12, delay=0.01)
+    with tk.session(logdir=tmp_path):
+        tk.patch(opt)
+        for x, y in tk.patch(torch.utils.data.DataLoader(ds, batch_size=4)):
+            opt.step()
+    got = scalars(tmp_path)
+    waits = [v for _, v in got["trainkit/data_wait_ms"]]
+    assert len(waits) == 3 and all(v >= 40 for v in waits)  # 4 items x 10 ms each
+    assert [v for _, v in got["trainkit/samples_per_s"]] == pytest.approx(
+        [4 / (ms / 1e3) for _, ms in got["trainkit/step_time_ms"]], rel=1e-4)
+    del model
+
+
+def test_items_from_dicts_and_nested_batches(tmp_path):
+    batches = [{"ids": torch.zeros(5, 3), "mask": torch.zeros(7)}, ([torch.zeros(2, 1)], 0)]
+    with tk.session(logdir=tmp_path):
+        for _ in tk.patch(batches):
+            time.sleep(0.002)
+    got = scalars(tmp_path)
+    # No optimizer patched: each batch is a step, and items come from the first tensor.
+    sps = dict(got["trainkit/samples_per_s"])
+    assert [st for st, _ in got["trainkit/data_wait_ms"]] == [1, 2]
+    assert set(sps) <= {1, 2}
+    steps = dict(got["trainkit/step_time_ms"])
+    for st, v in sps.items():
+        assert v == pytest.approx({1: 5, 2: 2}[st] / (steps[st] / 1e3), rel=1e-4)
+
+
+class DetectionDataset(torch.utils.data.Dataset):
+    """torchvision's detection samples: an image and a dict of its boxes and labels."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int):
+        return torch.zeros(3, 16, 16), {"boxes": torch.rand(i % 3 + 1, 4), "labels": torch.ones(i % 3 + 1)}
+
+
+@pytest.mark.parametrize("collate, per_step", [
+    (lambda b: tuple(zip(*b)), [4, 4, 4]),  # torchvision's detection reference: (images, targets)
+    (lambda b: [t for _, t in b], [4, 4, 4]),  # a list of per-sample dicts
+    (lambda b: [b[0][1]], [1, 2, 3]),  # one dict: may be a collated batch, so its first tensor
+])
+def test_items_of_a_batch_of_per_sample_records(tmp_path, collate, per_step):
+    # An image's first dimension is its 3 channels: samples_per_s said 3 per batch of 4 images.
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    dl = torch.utils.data.DataLoader(DetectionDataset(), batch_size=4, collate_fn=collate)
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        tk.patch(opt)
+        for batch in tk.patch(dl):
+            time.sleep(0.002)
+            opt.step()
+    got = scalars(tmp_path)
+    steps = dict(got["trainkit/step_time_ms"])
+    items = [round(v * steps[st] / 1e3) for st, v in got["trainkit/samples_per_s"]]
+    assert items == per_step
+
+
+def test_items_when_batches_change_shape_mid_pass(tmp_path):
+    """The loader counts (tensor, ...) batches inline once it knows the layout; batches that
+    leave that layout (an empty tuple, a non-tensor first) are counted the general way."""
+    batches = [(torch.zeros(3, 2), 1), (torch.zeros(6, 2), 1), (), ([torch.zeros(4, 1)], 0),
+               (torch.zeros((), dtype=torch.float32),), [torch.zeros(2, 9)]]
+    with tk.session(logdir=tmp_path):
+        for _ in tk.patch(batches):
+            time.sleep(0.002)
+    got = scalars(tmp_path)
+    steps = dict(got["trainkit/step_time_ms"])
+    items = {st: round(v * steps[st] / 1e3) for st, v in got["trainkit/samples_per_s"]}
+    assert items == {1: 3, 2: 6, 4: 4, 5: 1, 6: 2}  # step 3, the empty tuple, has no items
+
+
+def test_accumulated_batches_add_up_within_a_step(tmp_path):
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with tk.session(logdir=tmp_path):
+        tk.patch(opt)
+        for i, (x, y) in enumerate(tk.patch(loader(n=64, batch_size=8))):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            if i % 4 == 3:
+                opt.step()
+                opt.zero_grad()
+    got = scalars(tmp_path)
+    assert [st for st, _ in got["trainkit/step_time_ms"]] == [1, 2]
+    for (_, sps), (_, ms) in zip(got["trainkit/samples_per_s"], got["trainkit/step_time_ms"]):
+        assert sps == pytest.approx(32 / (ms / 1e3), rel=1e-4)

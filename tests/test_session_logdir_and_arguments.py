@@ -1,0 +1,110 @@
+"""Where a session writes and what it refuses before it starts: the default ``runs/<time>_<host>``
+folder (one per session started in the same second, one for all the ranks of a torchrun launch),
+the ``rank<N>`` folder under torchrun, a logdir that is a file or cannot be created, bad session
+arguments and bad technique overrides, each refused with no session left open and nothing made."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import trainkit as tk
+from tests.conftest import scalars
+
+
+def test_sessions_without_a_logdir_started_in_the_same_second_get_a_folder_each(tmp_path,
+                                                                                monkeypatch):
+    """runs/<time>_<host> named by the second: two runs started in one second shared it and
+    TensorBoard showed them as one. Under torchrun the ranks still share theirs."""
+    import datetime
+
+    from trainkit import _logdir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(_logdir, "run_start_time", lambda: datetime.datetime(2026, 11, 23, 9, 0, 0))
+    with tk.session(system_metrics=False) as first:
+        first.log("x", 1.0)
+    with tk.session(system_metrics=False) as second:
+        second.log("x", 2.0)
+    assert second.logdir == first.logdir + "-2"
+    assert first.logdir.startswith(os.path.join("runs", "Nov23_09-00-00_"))
+    assert scalars(first.logdir)["x"] == [(1, 1.0)] and scalars(second.logdir)["x"] == [(1, 2.0)]
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    shared = os.path.join("runs", "shared")
+    assert _logdir.fresh_folder(shared) == shared and not os.path.exists(shared)
+
+
+def test_ranks_started_seconds_apart_pick_one_default_logdir():
+    # Under torchrun every rank writes <logdir>/rank<N> of one logdir: without logdir=, the
+    # folder's time is the launcher's (here this process, the parent of both), not the rank's.
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", PYTHONPATH=REPO)
+    code = "from trainkit.session import _default_logdir; print(_default_logdir())"
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    time.sleep(1.1)
+    second = subprocess.run([sys.executable, "-c", code], env=dict(env, RANK="1"),
+                            capture_output=True, text=True)
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    assert first.stdout == second.stdout and first.stdout.startswith("runs" + os.sep)
+
+
+def test_rank_folder_under_torchrun_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with tk.session(logdir=tmp_path) as s:
+        s.log("x", 1.0)
+    assert s.logdir == os.path.join(str(tmp_path), "rank1")
+    assert scalars(tmp_path / "rank1")["x"] == [(1, 1.0)]
+
+
+def test_logdir_that_is_a_file_is_refused_before_anything_starts(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ValueError, match=r"is a file.*pass a folder"):
+        tk.session(logdir=f)
+    assert tk.active() is None
+
+
+def test_logdir_that_cannot_be_created_is_refused(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ValueError, match="cannot create the folder"):
+        tk.session(logdir=f / "sub")
+    with pytest.raises(ValueError, match="cannot create"):
+        tk.session(logdir="/proc/trainkit-nope")
+
+
+@pytest.mark.parametrize("kwargs, exc, text", [
+    ({"logdir": 42}, TypeError, "logdir=42"),
+    ({"logdir": "runs/a\0b"}, ValueError, r"logdir='runs/a\\x00b'\): a path cannot hold a NUL"),
+    ({"log_every": 0}, ValueError, "log_every=0"),
+    ({"flush_secs": -1}, ValueError, "flush_secs=-1"),
+    ({"flush_secs": float("nan")}, ValueError, "flush_secs=nan"),
+    ({"system_metrics": "yes"}, TypeError, "system_metrics='yes'"),
+    ({"profile": {"wait": 1}}, TypeError, "ProfileSchedule"),
+    ({"steps_done": -1}, ValueError, r"steps_done=-1\): .*steps_done=checkpoint\['step'\]"),
+    ({"steps_done": True}, ValueError, "steps_done=True"),
+    ({"steps_done": 12.0}, ValueError, "steps_done=12.0"),
+    ({"steps_done": "12"}, ValueError, "steps_done='12'"),
+])
+def test_bad_session_arguments(tmp_path, kwargs, exc, text):
+    kwargs.setdefault("logdir", tmp_path / "run")
+    with pytest.raises(exc, match=text):
+        tk.session(**kwargs)
+    assert tk.active() is None
+    if "logdir" not in text:
+        assert not (tmp_path / "run").exists()  # refused before anything was made
+
+
+def test_bad_technique_overrides_leave_no_session_open(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINKIT_TECHNIQUES", '{"tf32": ')
+    with pytest.raises(ValueError, match="TRAINKIT_TECHNIQUES"):
+        tk.session(logdir=tmp_path / "run")
+    assert tk.active() is None
+    assert not (tmp_path / "run").exists()  # refused before anything was created
