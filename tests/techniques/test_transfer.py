@@ -183,3 +183,15 @@ def test_to_device_to_cuda_without_a_gpu_keeps_torchs_error_and_leaves_tensorles
         torch.zeros(2).to("cuda")
     except (RuntimeError, AssertionError) as exc:
         assert type(raised.value) is type(exc) and str(raised.value) == str(exc)
+
+
+def test_items_of_a_batch_whose_structure_changed_are_not_read_inside_a_tensor():
+    """The path learned from one batch leads through containers; applied to a bare tensor (a
+    loader that yields tensors after tuples) it indexed the tensor and counted a sample's rows."""
+    count = ItemsCounter()
+    assert count((torch.zeros(5, 3), torch.zeros(5))) == 5
+    assert count(torch.zeros(7, 3)) == 7
+    keyed = ItemsCounter()
+    assert keyed({"x": torch.zeros(4, 2)}) == 4
+    assert keyed(torch.zeros(9, 2)) == 9
+    assert keyed({"x": torch.zeros(6, 2)}) == 6

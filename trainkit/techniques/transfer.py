@@ -327,6 +327,9 @@ class ItemsCounter:
             node = batch
             try:
                 for key in self.path:
+                    if isinstance(node, self.tensor):  # a leaf: this batch has another shape
+                        node = None
+                        break
                     node = node[key]
             except (KeyError, IndexError, TypeError):
                 node = None
