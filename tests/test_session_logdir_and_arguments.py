@@ -36,6 +36,21 @@ def test_sessions_without_a_logdir_started_in_the_same_second_get_a_folder_each(
     assert _logdir.fresh_folder(shared) == shared and not os.path.exists(shared)
 
 
+def test_a_logdir_under_the_home_folder_is_expanded(tmp_path, monkeypatch):
+    """logdir="~/runs/x" writes under the home folder, as the shell and TensorBoard's --logdir
+    read it, and makes no folder named "~" in the working folder."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    with tk.session(logdir="~/runs/x", system_metrics=False) as s:
+        s.log("x", 1.0)
+    assert s.logdir == str(home / "runs" / "x")
+    assert scalars(s.logdir)["x"] == [(1, 1.0)]
+    assert os.listdir(work) == []
+
+
 def test_ranks_started_seconds_apart_pick_one_default_logdir():
     # Under torchrun every rank writes <logdir>/rank<N> of one logdir: without logdir=, the
     # folder's time is the launcher's (here this process, the parent of both), not the rank's.

@@ -61,13 +61,17 @@ def fresh_folder(path: str) -> str:
 
 
 def check_logdir(logdir: Any) -> str:
-    """``logdir`` as a path to a writable folder (made if missing), or a clear error."""
+    """``logdir`` as a path to a writable folder (made if missing; ``~`` expanded), or a clear
+    error."""
     if not isinstance(logdir, (str, os.PathLike)):
         raise TypeError(f"session(logdir={logdir!r}): logdir must be a path (str or os.PathLike), "
                         f"e.g. tk.session(logdir='runs/exp1')")
     path = os.fsdecode(os.fspath(logdir))
     if not path:
         raise ValueError("session(logdir=''): logdir must not be empty, e.g. tk.session(logdir='runs/exp1')")
+    # "~/runs" as a shell would read it: os.makedirs would make a folder named "~" here (which a
+    # later `rm -rf ~` to clean it up would turn into a disaster).
+    path = os.path.expanduser(path)
     if "\0" in path:
         raise ValueError(f"session(logdir={path!r}): a path cannot hold a NUL character ('\\0'); "
                          f"pass a folder name without one, e.g. logdir='runs/exp1'")

@@ -395,7 +395,7 @@ def session(logdir: Optional[Union[str, "os.PathLike[str]"]] = None, *, profile:
     """Start recording into ``logdir`` (TensorBoard layout; created if missing).
 
     Args:
-        logdir: the run's folder; ``None`` gives a new ``runs/<date>_<host>`` (``-2``... after
+        logdir: the run's folder (``~`` is the home folder); ``None`` gives a new ``runs/<date>_<host>`` (``-2``... after
             it for runs started in the same second). Under torchrun each rank writes
             ``<logdir>/rank<N>``.
         profile: a :class:`trainkit.ProfileSchedule` to record torch.profiler traces, or None.
