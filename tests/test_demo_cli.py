@@ -21,6 +21,15 @@ def test_a_second_demo_into_the_same_folder_counts_its_own_steps(tmp_path):
     assert len(list((tmp_path / "x").glob("*tfevents*"))) == 2
 
 
+def test_samples_per_s_counts_the_images_a_step_had_not_the_batch_size(tmp_path):
+    """10 training images at --batch-size 64: one step of 10 images, which the summary said was
+    64 (a short last batch, or a batch size above the data's, was counted as a full batch)."""
+    result = demo.run(demo.DemoConfig(logdir=str(tmp_path / "x"), epochs=1, train_size=10,
+                                      val_size=64, batch_size=64, progress=False))
+    assert result.steps == 1
+    assert result.samples_per_s == pytest.approx(10 / (result.median_step_ms / 1e3), rel=1e-5)
+
+
 def test_no_step_in_time_is_said_not_a_traceback(tmp_path, capsys):
     """max_seconds over before the first step: UnboundLocalError on `loss`."""
     result = demo.run(tiny(tmp_path / "x", max_seconds=1e-9))

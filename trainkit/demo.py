@@ -223,12 +223,14 @@ def run(config: DemoConfig) -> DemoResult:
                 stopped = stopped or val_images < config.val_size
                 if stopped:  # the epochs left would each evaluate the same model again
                     break
-        step_ms, waits = _read_back(s.logdir, sorted(_event_files(s.logdir) - earlier))
+        step_ms, waits, samples = _read_back(s.logdir, sorted(_event_files(s.logdir) - earlier))
         median = statistics.median(step_ms) if step_ms else float("nan")
         total = sum(step_ms)
         result = DemoResult(
             logdir=s.logdir, steps=len(step_ms), median_step_ms=median,
-            samples_per_s=config.batch_size / (median / 1e3) if step_ms else float("nan"),
+            # as TensorBoard shows it: the items a step really had (a short last batch, a
+            # batch size above the data's), not --batch-size
+            samples_per_s=statistics.median(samples) if samples else float("nan"),
             data_wait_share=(sum(waits) / total) if total else 0.0,
             final_loss=math.nan if loss is None else float(loss.detach()), accuracy=accuracy,
             val_images=val_images, val_size=config.val_size,
@@ -274,10 +276,10 @@ def _event_files(folder: str) -> "set[str]":
         return set()
 
 
-def _read_back(folder: str, names: List[str]) -> "tuple[List[float], List[float]]":
-    """Step times and data waits as TensorBoard will show them: the event files ``names`` in
-    ``folder``, read back (the folder may also hold earlier runs' files, whose steps are not
-    this run's)."""
+def _read_back(folder: str, names: List[str]) -> "tuple[List[float], List[float], List[float]]":
+    """Step times, data waits and samples per second as TensorBoard will show them: the event
+    files ``names`` in ``folder``, read back (the folder may also hold earlier runs' files,
+    whose steps are not this run's)."""
     from .profiling.runs import read_scalars
 
     got = read_scalars(folder, names)
@@ -285,7 +287,8 @@ def _read_back(folder: str, names: List[str]) -> "tuple[List[float], List[float]
     def values(tag: str) -> List[float]:
         return [v for _, v in got.get(tag, [])]
 
-    return values("trainkit/step_time_ms"), values("trainkit/data_wait_ms")
+    return (values("trainkit/step_time_ms"), values("trainkit/data_wait_ms"),
+            values("trainkit/samples_per_s"))
 
 
 class _NoBar:
