@@ -172,6 +172,24 @@ def test_auto_is_bf16_on_cpu_and_fp32_disables_autocast():
         assert m(x).dtype is torch.float32 and amp.dtype is None
 
 
+def test_fp32_inside_an_enabled_autocast_runs_in_fp32():
+    """An fp32 region (a loss) inside an outer block, or the user's own torch.autocast: it ran in
+    the outer dtype. Switched off, the technique does the same; with no autocast around, it
+    enters none."""
+    m = _model32()
+    x = torch.randn(2, 6)
+    with tk.autocast_scaled() as outer:
+        with tk.autocast_scaled(dtype="fp32"):
+            assert m(x).dtype is torch.float32 and not _cpu_autocast_on()
+        assert m(x).dtype is torch.bfloat16 and outer.dtype is torch.bfloat16  # restored
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with switches.overrides({"amp": False}):
+            with tk.autocast_scaled():
+                assert m(x).dtype is torch.float32
+        assert m(x).dtype is torch.bfloat16
+    assert not _cpu_autocast_on()
+
+
 @pytest.mark.parametrize("kwargs,needle", [
     (dict(dtype="fp8"), "'fp8'"),
     (dict(dtype="fp16"), "GradScaler('cpu')"),

@@ -210,6 +210,15 @@ def _resolve_dtype(dtype: str, device_type: str, scaler: Any) -> Any:
     return torch.bfloat16
 
 
+def _autocast_enabled(torch: Any, device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` here (an enclosing ``with`` block's)."""
+    try:
+        return bool(torch.is_autocast_enabled(device_type))
+    except TypeError:  # torch 2.3: no device argument yet
+        return bool(torch.is_autocast_cpu_enabled() if device_type == "cpu"
+                    else torch.is_autocast_enabled())
+
+
 def _scaler_device(scaler: Any) -> Optional[str]:
     """The device a GradScaler was made for, where it says: a GradScaler('cpu') on a machine that
     also uses CUDA is for a loop on the CPU. One for 'cuda' that disabled itself (no CUDA here)
@@ -255,7 +264,8 @@ def autocast_scaled(scaler: Any = None, *, dtype: Dtype = "auto",
     """Run the block under autocast; yield ``amp`` for ``amp.backward`` and ``amp.step``.
 
     ``dtype="auto"`` picks bf16 where the device supports it (the CPU, Ampere+ GPUs), else fp16
-    (with the scaler). ``"fp32"`` disables autocast behind the same call site, as does the
+    (with the scaler). ``"fp32"`` disables autocast behind the same call site (an enclosing
+    autocast's too, within the block), as does the
     ``amp`` technique switched off (``tk.technique("amp", True)`` is False): then ``amp.backward``
     is ``loss.backward()`` and ``amp.step`` is ``optimizer.step()`` (returning True). The scaler
     is only used with fp16 (bf16 has fp32's range); a user's own scaler calls keep working,
@@ -287,7 +297,13 @@ def autocast_scaled(scaler: Any = None, *, dtype: Dtype = "auto",
                          "before the loop, e.g. scaler = torch.amp.GradScaler('cuda')")
     amp = Amp(use_scaler, amp_dtype, device_type)
     if amp_dtype is None:
-        yield amp
+        if _autocast_enabled(torch, device_type):
+            # Inside another autocast (an outer autocast_scaled, the user's own torch.autocast):
+            # fp32 here too, as torch.autocast(enabled=False) does; it ran in the outer dtype.
+            with torch.autocast(device_type=device_type, enabled=False):
+                yield amp
+            return
+        yield amp  # nothing to turn off: no autocast entered (nanoGPT's nullcontext)
         return
     with torch.autocast(device_type=device_type, dtype=amp_dtype):
         yield amp
