@@ -82,6 +82,25 @@ def test_a_compiled_adam_step_at_lr_0_leaves_no_nan() -> None:
     assert not any(p.isnan().any() for p in got)
 
 
+def test_a_numpy_lr_of_0_from_a_warmup_lambda_leaves_no_nan() -> None:
+    """A LambdaLR whose lambda uses numpy writes numpy.float64 lrs (a float subclass): its
+    warm-up's lr 0 was not seen as 0, and the first compiled step left the embedding NaN."""
+    np = pytest.importorskip("numpy")
+    model = _model()
+    opt = tk.compiled_step(torch.optim.AdamW(model.parameters(), lr=1e-2))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: np.minimum(1.0, s / 2))
+    assert type(opt.param_groups[0]["lr"]) is np.float64 and opt.param_groups[0]["lr"] == 0
+    ids = torch.tensor([[1, 2, 0], [3, 2, 0]])
+    before = [p.detach().clone() for p in model.parameters()]
+    model(ids).pow(2).mean().backward()
+    opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # as eager at lr 0
+    sched.step()
+    model(ids).pow(2).mean().backward()
+    opt.step()
+    assert not any(p.isnan().any() for p in model.parameters())
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (foreach + capturable path)")
 def test_a_compiled_adamw_step_at_lr_0_on_cuda_leaves_no_nan() -> None:

@@ -17,6 +17,7 @@ copy of those parameters, on those calls only. Other torch optimizers do not div
 """
 from __future__ import annotations
 
+import numbers
 from typing import Any, List, Tuple
 
 _ADAMS: Any = None
@@ -36,9 +37,12 @@ def _zero(lr: Any) -> bool:
         return lr == 0
     import torch
 
-    # a tensor lr of the user's own: read on the CPU only (on a GPU reading it would be a sync)
-    return (isinstance(lr, torch.Tensor) and lr.device.type == "cpu" and lr.numel() == 1
-            and bool(lr == 0))
+    if isinstance(lr, torch.Tensor):
+        # a tensor lr of the user's own: read on the CPU only (on a GPU reading it would be a sync)
+        return lr.device.type == "cpu" and lr.numel() == 1 and bool(lr == 0)
+    # Another number: a numpy.float64 (a float subclass), which a LambdaLR whose lambda uses numpy
+    # (np.minimum(1.0, step / warmup)) writes; its warm-up's first lr 0 left the model NaN.
+    return isinstance(lr, numbers.Real) and lr == 0
 
 
 def held_at_zero_lr(opt: Any) -> List[Tuple[Any, Any]]:
