@@ -127,7 +127,9 @@ class HyperTensors:
             wide = bool(params) and params[0].dtype == torch.float64
             for key in self.KEYS:
                 value = group.get(key)
-                if key == "lr" and isinstance(value, float):
+                if key == "lr" and isinstance(value, (float, int)) and value.__class__ is not bool:
+                    # An int too (SGD(..., lr=1)): a scheduler's first float for it (StepLR's
+                    # 0.5) was a recompile after warm-up, the int a constant of the graph.
                     new: Any = self._tensor(gi, "lr", value, device, wide)
                 elif (key == "betas" and isinstance(value, tuple) and len(value) == 2
                       and all(isinstance(b, float) for b in value)):
