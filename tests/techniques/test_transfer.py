@@ -127,6 +127,22 @@ def test_to_device_moves_a_tensor_met_twice_once(tmp_path):
     assert got["trainkit/h2d_GBps"][0][1] == pytest.approx(sum(nbytes) / (ms / 1e3) / 1e9, rel=1e-3)
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_to_device_counts_the_bytes_a_sparse_tensor_copies_not_its_dense_size(tmp_path):
+    """A sparse batch (a bag of words over a vocabulary) copies its indices and values: counted
+    by its dense numel(), 2 non-zeros of a 10**6-long vector were 4 MB (1e5x its bytes)."""
+    coo = torch.sparse_coo_tensor(torch.tensor([[0, 5000]]), torch.tensor([1.0, 2.0]), (10**6,),
+                                  check_invariants=True)
+    csr = torch.eye(100).to_sparse_csr()
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        out = tk.to_device((coo, csr, torch.ones(3)), "meta")
+        nbytes = _moved_bytes(s)
+    assert out[0].layout is torch.sparse_coo and out[0].device.type == "meta"
+    assert out[1].layout is torch.sparse_csr and out[1].device.type == "meta"
+    # coo: 1x2 int64 indices, 2 float32 values; csr: 101 + 100 int64 indices, 100 values.
+    assert nbytes == [2 * 8 + 2 * 4 + (101 + 100) * 8 + 100 * 4 + 3 * 4]
+
+
 def test_to_device_without_a_session_moves_a_tensor_met_twice_once():
     x = torch.ones(2)
     out = tk.to_device([x, {"k": x}], "meta")
@@ -183,6 +199,24 @@ def test_to_device_to_cuda_without_a_gpu_keeps_torchs_error_and_leaves_tensorles
         torch.zeros(2).to("cuda")
     except (RuntimeError, AssertionError) as exc:
         assert type(raised.value) is type(exc) and str(raised.value) == str(exc)
+
+
+def test_items_of_a_dataclass_batch_are_counted(tmp_path):
+    """to_device moves dataclass batches; their items were None (no samples_per_s at all)."""
+    count = ItemsCounter()
+    assert count(Inner(torch.zeros(5))) == 5 and count.path == ["ids"] and not count.first
+    assert count(Inner(torch.zeros(3))) == 3  # by the learned path
+    assert count({"ids": torch.zeros(4)}) == 4  # a dict's key of that name: walked afresh
+    assert count(Inner(torch.zeros(6))) == 6
+    assert count({"b": Batch(torch.zeros(2, 3), Inner(torch.zeros(2)), [])}) == 2
+    assert ItemsCounter()(Inner("no tensor")) is None
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        for _ in tk.patch([Inner(torch.zeros(4)), Inner(torch.zeros(7))]):
+            time.sleep(0.002)
+    got = scalars(tmp_path)
+    steps = dict(got["trainkit/step_time_ms"])
+    assert {st: round(v * steps[st] / 1e3) for st, v in got["trainkit/samples_per_s"]} == \
+        {1: 4, 2: 7}
 
 
 def test_items_of_a_batch_whose_structure_changed_are_not_read_inside_a_tensor():

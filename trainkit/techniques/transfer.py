@@ -95,7 +95,8 @@ def _walk(obj: Any, device: Any, non_blocking: Optional[bool], acc: Optional[lis
         pinned = here.type == "cpu" and obj.is_pinned()
         nb = pinned if non_blocking is None else non_blocking
         if here.type == "cpu":  # host to device: what h2d_* measure (not device to host)
-            nbytes = obj.numel() * obj.element_size()
+            nbytes = (obj.numel() * obj.element_size() if obj.layout is torch.strided
+                      else _sparse_nbytes(obj))
             acc[0] += nbytes
             if pinned:
                 acc[1] += nbytes
@@ -140,6 +141,22 @@ def _walk(obj: Any, device: Any, non_blocking: Optional[bool], acc: Optional[lis
     if hasattr(cls, "__dataclass_fields__") and not callable(getattr(cls, "to", None)):
         return _walk_dataclass(obj, device, non_blocking, acc, moved)
     return obj  # ints, strings, None...: left as they are
+
+
+def _sparse_nbytes(t: Any) -> int:
+    """The bytes a copy of a sparse tensor moves, its indices and values (``numel()`` is its
+    dense shape's: a bag of words over a vocabulary counted ~1000x its bytes)."""
+    import torch
+
+    if t.layout is torch.sparse_coo:
+        parts = (t._indices(), t._values())
+    elif t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        parts = (t.crow_indices(), t.col_indices(), t.values())
+    elif t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        parts = (t.ccol_indices(), t.row_indices(), t.values())
+    else:  # another layout (mkldnn...): its dense size
+        return t.numel() * t.element_size()
+    return sum(p.numel() * p.element_size() for p in parts)
 
 
 def _move_traced(obj: Any, device: Any, non_blocking: Optional[bool]) -> Any:
@@ -287,7 +304,8 @@ def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> 
 
 class ItemsCounter:
     """``counter(batch)``: the items in a batch (the first dimension of its first tensor that has
-    one; 1 for a batch of 0-d tensors only) or None for a batch without tensors.
+    one, in tuples, lists, mappings and dataclasses; 1 for a batch of 0-d tensors only) or None
+    for a batch without tensors.
 
     A 0-d tensor (a step index, a scalar target) is no count of items, so it is passed over.
     A batch of per-sample records, not collated into tensors, is counted by its records: a list
@@ -330,8 +348,8 @@ class ItemsCounter:
                     if isinstance(node, self.tensor):  # a leaf: this batch has another shape
                         node = None
                         break
-                    node = node[key]
-            except (KeyError, IndexError, TypeError):
+                    node = getattr(node, key) if key.__class__ is _Field else node[key]
+            except (KeyError, IndexError, TypeError, AttributeError):
                 node = None
             if isinstance(node, self.tensor) and node.dim() > 0:
                 return int(node.shape[0])
@@ -384,6 +402,10 @@ def _find_tensor(batch: Any) -> Optional[Tuple[List[Any], Any]]:
     return zero_d
 
 
+class _Field(str):
+    """A path key that is a dataclass field's name, read with ``getattr`` (a dict's, with [])."""
+
+
 def _tensors(obj: Any, path: List[Any]) -> Iterator[Tuple[List[Any], Any]]:
     import torch
 
@@ -395,5 +417,8 @@ def _tensors(obj: Any, path: List[Any]) -> Iterator[Tuple[List[Any], Any]]:
         items = enumerate(obj)
     elif isinstance(obj, Mapping):
         items = obj.items()
+    elif hasattr(type(obj), "__dataclass_fields__") and not isinstance(obj, type):
+        # A dataclass batch, which to_device moves: its fields in order (one never set passed over)
+        items = [(_Field(f.name), getattr(obj, f.name, None)) for f in dataclasses.fields(obj)]
     for key, value in items:
         yield from _tensors(value, path + [key])
