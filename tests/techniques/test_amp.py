@@ -224,6 +224,25 @@ def test_the_device_defaults_to_the_scalers_own(monkeypatch):
     assert amp_mod._check(off, "bf16", None) == "cpu"
 
 
+def test_auto_on_cuda_is_fp16_only_on_a_gpu_without_bf16(monkeypatch):
+    """'auto' on 'cuda' is fp16 (which needs a scaler) on a GPU before Ampere; without CUDA at
+    all it was refused with "this GPU has no bf16", of a GPU that is not there: autocast then
+    turns itself off with torch's warning, as with an explicit dtype."""
+    from trainkit.techniques import amp as amp_mod
+
+    assert not torch.cuda.is_available()
+    with pytest.warns(UserWarning, match="CUDA is not available"):
+        with tk.autocast_scaled(device_type="cuda") as amp:
+            assert amp.dtype is torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert amp_mod._resolve_dtype("auto", "cuda", None) is torch.float16
+    assert amp_mod._resolve_dtype("auto", "cpu", None) is torch.bfloat16
+    with pytest.raises(ValueError, match="this GPU has no bf16"):
+        with tk.autocast_scaled(device_type="cuda"):
+            pass
+
+
 @pytest.mark.cuda
 def test_cuda_fp16_scaler_step():
     if not torch.cuda.is_available():

@@ -205,7 +205,9 @@ def _resolve_dtype(dtype: str, device_type: str, scaler: Any) -> Any:
         return torch.bfloat16
     if dtype == "fp16":
         return torch.float16
-    if device_type == "cuda" and not torch.cuda.is_bf16_supported():
+    # A GPU before Ampere: fp16. Without CUDA at all (a GPU script on a CPU machine) there is no
+    # GPU to say so of: torch.autocast warns and turns itself off, as for an explicit dtype.
+    if device_type == "cuda" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
         return torch.float16
     return torch.bfloat16
 
