@@ -11,12 +11,12 @@ import sys
 from typing import Any, Iterator
 
 from . import _compiled, timing
+from ._items import ItemsCounter
 from ._loaderinfo import begin_pass
 from .patch import _patched, stepped_elsewhere
 from .profiling import regions
 from .profiling.regions import record_function
 from .recorder import BATCH_REC, GC_FULL, GC_MS
-from .techniques.transfer import ItemsCounter
 
 # The session module itself (``trainkit.session`` the attribute is the function ``tk.session``).
 _S = importlib.import_module(__package__ + ".session")

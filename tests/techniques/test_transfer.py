@@ -11,7 +11,7 @@ import torch
 import trainkit as tk
 from tests.conftest import scalars
 from trainkit.recorder import H2D_BYTES
-from trainkit.techniques.transfer import ItemsCounter
+from trainkit._items import ItemsCounter
 
 
 def _moved_bytes(s: Any) -> List[float]:
