@@ -117,6 +117,24 @@ def test_to_device_a_packed_sequence_and_a_list_subclass(tmp_path):
     assert nbytes == [5 * 2 * 4 + 2 * 8 + 2 * 8 + 4 * 4]  # data, both indices, the other tensor
 
 
+def test_to_device_tuple_subclasses_keep_their_type_or_else_are_tuples():
+    """A tuple subclass keeps its type, as a list subclass does; one whose constructor takes its
+    items otherwise (its own __new__) comes back as a tuple of them: it raised TypeError."""
+    class Items(tuple):
+        pass
+
+    class Pair2(tuple):
+        def __new__(cls, a, b):
+            return super().__new__(cls, (a, b))
+
+    out = tk.to_device(Items((torch.ones(1), 2)), "meta")
+    assert type(out) is Items and out[0].device.type == "meta" and out[1] == 2
+    out = tk.to_device(Pair2(torch.ones(1), torch.zeros(2)), "meta")
+    assert type(out) is tuple and [t.device.type for t in out] == ["meta", "meta"]
+    out = tk.to_device(Pair(torch.ones(1), "y"), "meta")
+    assert type(out) is Pair and out.x.device.type == "meta" and out.y == "y"
+
+
 def test_to_device_same_device_is_free_and_records_nothing(tmp_path):
     x = torch.ones(3)
     with tk.session(logdir=tmp_path, system_metrics=False):

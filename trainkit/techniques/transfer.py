@@ -109,7 +109,12 @@ def _walk(obj: Any, device: Any, non_blocking: Optional[bool], acc: Optional[lis
                          _walk(obj.unsorted_indices, device, non_blocking, acc, moved))
     if isinstance(obj, tuple):
         items = [_walk(v, device, non_blocking, acc, moved) for v in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+        if type(obj) is tuple:
+            return tuple(items)
+        try:  # a namedtuple, or another tuple subclass, keeps its type
+            return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+        except Exception:  # one built otherwise (its own __new__): its items as a tuple
+            return tuple(items)
     if isinstance(obj, list):
         items = [_walk(v, device, non_blocking, acc, moved) for v in obj]
         if type(obj) is list:
