@@ -58,7 +58,8 @@ def _call_division(expr: ast.expr, reciprocals: FrozenSet[str]) -> Optional[ast.
 
 
 def is_normalisation(expr: ast.expr, reciprocals: FrozenSet[str] = _NO_NAMES) -> bool:
-    """Whether ``expr`` divides: ``x / n``, ``x * (1 / n)``, ``x * 0.25``, ``x.div(n)``, ``x * scale``.
+    """Whether ``expr`` divides: ``x / n``, ``x * (1 / n)``, ``x * 0.25``, ``x.div(n)``, ``x * scale``,
+    or a sum whose every term divides (``ce / n + kl / n``).
 
     ``reciprocals`` are names bound to ``1 / n`` (``loss_scale = 1.0 / accum``).
     """
@@ -68,6 +69,8 @@ def is_normalisation(expr: ast.expr, reciprocals: FrozenSet[str] = _NO_NAMES) ->
             return True
         if isinstance(expr.op, ast.Mult):
             return is_reciprocal(expr.left, reciprocals) or is_reciprocal(expr.right, reciprocals)
+        if isinstance(expr.op, (ast.Add, ast.Sub)):  # `ce / n + kl / n`: every term divided
+            return is_normalisation(expr.left, reciprocals) and is_normalisation(expr.right, reciprocals)
     return _call_division(expr, reciprocals) is not None
 
 
@@ -185,7 +188,8 @@ def normalisations_before(loop: TrainingLoop, call: ast.Call, name: Optional[str
 
 def divisor(node: ast.AST, reciprocals: FrozenSet[str] = _NO_NAMES) -> Optional[ast.expr]:
     """What a normalisation divides by: ``n`` in ``loss / n``, ``loss /= n``, ``loss * (1 / n)``,
-    ``loss.div_(n)`` or ``(loss / n).backward()``; a reciprocal literal or name itself; else None.
+    ``loss.div_(n)`` or ``(loss / n).backward()``; a reciprocal literal or name itself; the
+    terms' common one in ``ce / n + kl / n``; else None.
     """
     if isinstance(node, ast.Expr):
         node = node.value
@@ -202,6 +206,11 @@ def divisor(node: ast.AST, reciprocals: FrozenSet[str] = _NO_NAMES) -> Optional[
         expr = unwrap_scale(node)
         if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div):
             return expr.right
+        if isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Add, ast.Sub)):
+            # `ce / n + kl / n`: the terms' common divisor; terms divided by different ones have none
+            left, right = divisor(expr.left, reciprocals), divisor(expr.right, reciprocals)
+            same = left is not None and right is not None and ast.dump(left) == ast.dump(right)
+            return left if same else None
         if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
             side = expr.left if is_reciprocal(expr.left, reciprocals) else expr.right
             return _reciprocal_divisor(side)
