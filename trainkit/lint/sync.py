@@ -103,10 +103,14 @@ def _is_number(expr: ast.AST) -> bool:
     return False
 
 
-def _python_numbers(ctx: FileContext, loop: TrainingLoop) -> Set[str]:
-    """Names that every assignment in the loop's function (or module) binds to a Python number:
-    ``running = 0.0`` then ``running += loss.item() / n`` is a float, whatever its name says."""
-    scope = next((p for p in ctx.ancestors(loop.node) if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef))), ctx.tree)
+def _scope(ctx: FileContext, loop: TrainingLoop) -> ast.AST:
+    """The loop's function, or the module."""
+    return next((p for p in ctx.ancestors(loop.node) if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef))), ctx.tree)
+
+
+def _python_numbers(scope: ast.AST) -> Set[str]:
+    """Names that every assignment in ``scope`` (the loop's function, or the module) binds to a Python
+    number: ``running = 0.0`` then ``running += loss.item() / n`` is a float, whatever its name says."""
     values: Dict[str, List[ast.AST]] = {}
     for node in ast.walk(scope):
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value is not None:
@@ -196,11 +200,15 @@ def check_host_sync(ctx: FileContext) -> Iterator[Hit]:
     # A script that never mentions CUDA may run on a CPU, where the sync costs little.
     waits = ("waits for the GPU on every training step" if ctx.mentions_cuda
              else "forces a device sync on every training step (the CPU waits for the GPU when there is one)")
+    in_scope: Dict[int, Set[str]] = {}  # each scope walked once: a script of many loops at module level
     for loop in ctx.training_loops:
         if loop.per_epoch:
             continue  # a step once per epoch, after the batch loop (TK112's fix)
         tensors = {n for n in (loss_of(loop, c) for c in loop.backward_calls) if n}
-        numbers = _python_numbers(ctx, loop) - tensors
+        scope = _scope(ctx, loop)
+        if id(scope) not in in_scope:
+            in_scope[id(scope)] = _python_numbers(scope)
+        numbers = in_scope[id(scope)] - tensors
         for call in loop.calls:
             if method_name(call) in _SYNC_METHODS and not call.args and not call.keywords:
                 inner = call.func.value  # type: ignore[attr-defined]
