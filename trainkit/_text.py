@@ -1,7 +1,8 @@
-"""Text for error messages."""
+"""Text for error messages, and output to a reader that went away."""
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, TextIO
 
 
 def brief(obj: Any, width: int = 80) -> str:
@@ -25,3 +26,24 @@ def brief(obj: Any, width: int = 80) -> str:
     if len(first) > width:
         first = first[:width - 3] + "..."
     return first
+
+
+def reader_gone(out: TextIO) -> None:
+    """After a ``BrokenPipeError`` on ``out`` (``trainkit lint src/ | head``): point its file
+    descriptor at the null device, so that nothing more goes there and Python's own flush at exit
+    does not fail again ("Exception ignored ... BrokenPipeError").
+
+    Example::
+
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            reader_gone(sys.stdout)
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, out.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):  # no file descriptor (a StringIO)
+        pass

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -191,3 +192,31 @@ def test_a_file_given_twice_is_linted_once(capsys: pytest.CaptureFixture) -> Non
     assert mine and len(mine) == len(alone.out.splitlines())
     checked = int(re.search(r"\((\d+) files checked\)", both.err).group(1))
     assert checked == len(list(bad.rglob("*.py")))
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_reader_that_went_away_is_no_traceback(fmt: str) -> None:
+    """``trainkit lint src/ | head`` (or ``| grep -q``): the pipe closes before the output ends."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first finding is written
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "trainkit.lint", "--format", fmt, f"{BAD}/tk302_host_sync.py"],
+            cwd=REPO_ROOT, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
+    assert result.returncode == 1
+
+
+def test_a_notebook_is_refused_with_the_export_command_not_passed_clean(tmp_path: Path) -> None:
+    """A notebook's JSON parses as one Python dict: linted as it was, it "passed" with 0 findings."""
+    notebook = tmp_path / "train.ipynb"
+    cell = "for i, (x, y) in enumerate(loader):\n    loss = f(x)\n    loss.backward()\n    loss = loss / 4\n"
+    notebook.write_text(json.dumps({"cells": [{"cell_type": "code", "source": [cell]}], "nbformat": 4}))
+    result = lint(str(notebook))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Jupyter notebook" in result.stderr
+    assert f"jupyter nbconvert --to script {notebook}" in result.stderr
+    assert f"trainkit lint {tmp_path / 'train.py'}" in result.stderr

@@ -209,6 +209,11 @@ def read_source(path: str) -> str:
 
 def lint_file(path: str, *, select: Codes = None, ignore: Codes = None) -> List[Finding]:
     """Lint one file. Raises :class:`LintError` when it is unreadable or not Python."""
+    if path.endswith(".ipynb"):
+        # A notebook is JSON, which parses as one Python dict: linted as it is, it would pass clean.
+        script = os.path.splitext(path)[0] + ".py"  # where nbconvert writes it
+        raise LintError(path, 0, f"a Jupyter notebook, not a Python file: not linted; export its code "
+                                 f"and lint that: jupyter nbconvert --to script {path} && trainkit lint {script}")
     return lint_source(read_source(path), path, select=select, ignore=ignore)
 
 

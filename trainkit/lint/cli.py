@@ -11,6 +11,7 @@ import sys
 from typing import Callable, FrozenSet, List, Literal, Optional, Sequence, Set
 
 from trainkit.lint import _api
+from trainkit._text import reader_gone
 from trainkit.lint._registry import Finding, LintError
 
 Format = Literal["text", "json"]
@@ -51,9 +52,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help=f"comma-separated codes or prefixes to {verb}, e.g. {example}",
         )
 
+
+def _print_findings(findings: List[Finding], fmt: Format) -> None:
+    """The findings on stdout, flushed; a reader that stops early (``| head``) ends the output."""
+    try:
+        if fmt == "json":
+            json.dump([f.to_dict() for f in findings], sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            for finding in findings:
+                print(finding.format())
+        sys.stdout.flush()
+    except BrokenPipeError:
+        reader_gone(sys.stdout)
+
+
 def _print_text(findings: List[Finding], checked: int, unparsed: int = 0, unread: int = 0) -> None:
-    for finding in findings:
-        print(finding.format())
+    _print_findings(findings, "text")
     files = len({f.path for f in findings})
     failed = "".join(
         f", {count} {what}" for count, what in ((unparsed, "could not be parsed"), (unread, "could not be read")) if count
@@ -120,8 +135,7 @@ def run(args: argparse.Namespace) -> int:
             _report_failure(exc, path)
     findings.sort(key=lambda f: (f.path, f.line, f.col, f.code))
     if fmt == "json":
-        json.dump([f.to_dict() for f in findings], sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        _print_findings(findings, "json")
     else:
         _print_text(findings, checked, unparsed, unread)
     if unparsed or unread or missing:

@@ -117,7 +117,8 @@ def _check_logdir(logdir: Any) -> str:
     if not isinstance(logdir, (str, os.PathLike)):
         raise TypeError(f"analyze({logdir!r}): logdir must be a path (str or os.PathLike), "
                         f"e.g. tk.analyze('runs/exp1')")
-    path = os.fspath(logdir)
+    # "~/runs" as tk.session reads it (and the shell, unquoted): the folder the session wrote
+    path = os.path.expanduser(os.fspath(logdir))
     if not os.path.isdir(path):
         what = "a file, not a folder" if os.path.exists(path) else "no such folder"
         raise ValueError(f"analyze({path!r}): {what}; pass the logdir a session wrote, "

@@ -11,6 +11,7 @@ import sys
 import warnings
 from typing import List, Optional, Sequence, TextIO
 
+from .._text import reader_gone
 from .finding import Finding
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
@@ -64,9 +65,14 @@ def run(args: argparse.Namespace, *, out: Optional[TextIO] = None,
         else:  # not ours to reword: shown as Python would have shown it
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     if getattr(args, "json", False):
-        out.write(json.dumps([f.to_dict() for f in found], indent=2) + "\n")
+        text = json.dumps([f.to_dict() for f in found], indent=2) + "\n"
     else:
-        out.write(render(found))
+        text = render(found)
+    try:
+        out.write(text)
+        out.flush()
+    except BrokenPipeError:  # the reader went away (`trainkit analyze runs | head`): stop there
+        reader_gone(out)
     return EXIT_FINDINGS if found else EXIT_OK
 
 

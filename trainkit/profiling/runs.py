@@ -22,6 +22,7 @@ import json
 import os
 import re
 import struct
+import zlib
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..recorder import PREFIX
@@ -307,7 +308,7 @@ def read_trace(path: str) -> List[Dict[str, Any]]:
     try:
         with opener(path, "rt", encoding="utf-8") as fh:
             data = json.load(fh)
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:  # zlib: a corrupt .gz
         raise TraceError(f"{path}: cannot read it ({exc})") from None
     except json.JSONDecodeError as exc:
         raise TraceError(f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno} "

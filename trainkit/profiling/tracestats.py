@@ -8,6 +8,7 @@ step), ``cuda_runtime`` / ``cuda_driver`` for host-side CUDA calls, and on the G
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from typing import Any, Dict, Iterable, List, Tuple
 
@@ -74,6 +75,8 @@ def summarize(events: List[Dict[str, Any]]) -> TraceStats:
             ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
         except (KeyError, TypeError, ValueError):
             continue  # a malformed event: skip it rather than fail the whole analysis
+        if not (math.isfinite(ts) and math.isfinite(dur)):
+            continue  # "NaN" or 1e400: no time on any clock
         complete.append((ts, dur, str(e.get("cat", "")), str(e.get("name", ""))))
     steps = sorted((ts, ts + dur) for ts, dur, cat, name in complete
                    if cat == "user_annotation" and name.startswith(STEP_PREFIX))
@@ -130,10 +133,13 @@ def _step_index(steps: List[Tuple[float, float]], ts: float) -> int:
 def _add_memcpy_bytes(events: List[Dict[str, Any]], memcpy: Dict[str, List[float]],
                       lo: float, hi: float) -> None:
     for e in events:
-        if e.get("cat") == "gpu_memcpy" and e.get("name") in memcpy:
-            args = e.get("args") or {}
+        name = str(e.get("name", ""))  # as summarize names it: a malformed name is no dict key
+        if e.get("cat") == "gpu_memcpy" and name in memcpy:
+            args = e.get("args")
+            args = args if isinstance(args, dict) else {}
             try:
-                if lo <= float(e.get("ts", lo)) <= hi:
-                    memcpy[e["name"]][1] += float(args.get("bytes", 0))
+                size = float(args.get("bytes", 0))
+                if lo <= float(e.get("ts", lo)) <= hi and math.isfinite(size):
+                    memcpy[name][1] += size
             except (TypeError, ValueError):
                 continue
