@@ -126,6 +126,21 @@ def test_cpu_numpy_chain_is_one_sync() -> None:
     assert _pairs(src) == [("TK302", 6)]
 
 
+def test_a_bare_numpy_is_no_sync_but_numpy_force_is() -> None:
+    """``.numpy()`` refuses a GPU tensor, so where it runs its tensor is on the host: it was
+    reported all the same; ``.numpy(force=True)`` copies a GPU tensor to the host, and was not."""
+    src = """
+    for x, y in loader:
+        logits = model(x)
+        criterion(logits, y).backward()
+        optimizer.step()
+        labels = y.numpy()
+        probs = logits.detach().numpy(force=True)
+        same = logits.detach().numpy(force=False)
+    """
+    assert _pairs(src) == [("TK302", 7)]
+
+
 def test_ignore_comment_on_the_first_or_last_line_of_a_multi_line_call() -> None:
     src = """
     for batch in loader:

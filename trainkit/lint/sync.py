@@ -1,8 +1,9 @@
 """TK302: host synchronisations inside the training step (slow).
 
-``.item()``, ``.cpu()``, ``.tolist()``, ``.numpy()`` and printing a tensor make
+``.item()``, ``.cpu()``, ``.tolist()``, ``.numpy(force=True)`` and printing a tensor make
 the CPU wait for the GPU to finish everything queued so far, so the GPU idles
-while the CPU prepares the next step. Once every N steps for logging is fine, and so is once per
+while the CPU prepares the next step. A bare ``.numpy()`` is not one: it refuses a GPU tensor, so
+where it runs the tensor is on the host already (``.cpu().numpy()`` is reported at the ``.cpu()``). Once every N steps for logging is fine, and so is once per
 update of accelerate's accumulation (``if accelerator.sync_gradients:``) or on a non-finite loss.
 """
 from __future__ import annotations
@@ -16,7 +17,9 @@ from trainkit.lint._nodes import dotted, has_modulo, method_name, names_in
 from trainkit.lint._loss import loss_of
 from trainkit.lint._registry import Hit, rule
 
-_SYNC_METHODS = frozenset({"item", "cpu", "tolist", "numpy"})
+_SYNC_METHODS = frozenset({"item", "cpu", "tolist"})
+#: ``.numpy()`` is a host read only with ``force=True`` (which copies a GPU tensor to the host)
+_CONVERTERS = frozenset(_SYNC_METHODS | {"numpy"})
 # An ``if`` mentioning one of these guards logging or evaluation, not the step itself.
 _LOGGING_RE = re.compile(r"log|print|verbose|debug|display|report|val|eval", re.IGNORECASE)
 _NO_GRAD = ("no_grad", "inference_mode")
@@ -172,6 +175,13 @@ def _printed_tensor(call: ast.Call, tensors: Set[str], numbers: Set[str]) -> Opt
     return None
 
 
+def _forced_numpy(call: ast.Call) -> bool:
+    """``t.numpy(force=True)``: a copy to the host of a tensor that may be on the GPU."""
+    return method_name(call) == "numpy" and not call.args and any(
+        k.arg == "force" and not (isinstance(k.value, ast.Constant) and not k.value.value)
+        for k in call.keywords)
+
+
 def _converted_tensor(call: ast.Call, tensors: Set[str], numbers: Set[str]) -> Optional[str]:
     """The tensor-like name that ``float(...)`` or ``int(...)`` reads, if any: ``float(loss)``,
     ``float(loss.detach())``, ``int(preds.argmax())`` (a ``.item()`` inside is reported there)."""
@@ -180,7 +190,7 @@ def _converted_tensor(call: ast.Call, tensors: Set[str], numbers: Set[str]) -> O
         return None
     arg = call.args[0]
     while isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute) and not arg.args:
-        if arg.func.attr in _SYNC_METHODS:
+        if arg.func.attr in _CONVERTERS:
             return None  # `float(loss.item())`: the `.item()` is the sync, reported itself
         arg = arg.func.value  # `loss.detach()`, `logits.argmax()`: the tensor it is called on
     name = dotted(arg)
@@ -193,7 +203,7 @@ def _converted_tensor(call: ast.Call, tensors: Set[str], numbers: Set[str]) -> O
     "TK302",
     name="host-sync-every-step",
     severity="warning",
-    summary=".item()/.cpu()/.tolist()/.numpy()/float(tensor)/print(tensor) on every training step",
+    summary=".item()/.cpu()/.tolist()/.numpy(force=True)/float(tensor)/print(tensor) on every training step",
 )
 def check_host_sync(ctx: FileContext) -> Iterator[Hit]:
     """Flag a GPU->CPU sync in the training step outside a logging condition."""
@@ -210,9 +220,9 @@ def check_host_sync(ctx: FileContext) -> Iterator[Hit]:
             in_scope[id(scope)] = _python_numbers(scope)
         numbers = in_scope[id(scope)] - tensors
         for call in loop.calls:
-            if method_name(call) in _SYNC_METHODS and not call.args and not call.keywords:
+            if (method_name(call) in _SYNC_METHODS and not call.args and not call.keywords) or _forced_numpy(call):
                 inner = call.func.value  # type: ignore[attr-defined]
-                if isinstance(inner, ast.Call) and method_name(inner) in _SYNC_METHODS and not inner.args:
+                if isinstance(inner, ast.Call) and method_name(inner) in _CONVERTERS and not inner.args:
                     continue  # `.cpu().numpy()`: one sync, reported at the `.cpu()`
                 if _made_on_host(ctx, inner):
                     continue  # `torch.rand(1).item()`: a CPU tensor, no device to wait for
