@@ -52,6 +52,29 @@ def test_two_ifs_are_not_exclusive_when_the_flag_changes_between_them() -> None:
     assert _pairs(called) == [("TK202", 16)]
 
 
+def test_a_plain_step_after_unscale_is_worded_for_unscaled_gradients() -> None:
+    """After ``scaler.unscale_(optimizer)`` (to clip) the gradients are no longer scaled: the
+    finding said they were; what is wrong then is that inf/NaN steps are taken and the scale is
+    fixed."""
+    from trainkit.lint import lint_source
+
+    src = """
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for x, y in loader:
+    scaler.scale(criterion(model(x), y)).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+    found = [f for f in lint_source(src) if f.code == "TK202"]
+    assert [f.line for f in found] == [8]
+    assert "unscaled the gradients" in found[0].message and "still multiplied" not in found[0].message
+    plain = [f for f in lint_source(src.replace("    scaler.unscale_(optimizer)\n", "")) if f.code == "TK202"]
+    assert [f.line for f in plain] == [7] and "still multiplied by the loss scale" in plain[0].message
+
+
 # --------------------------------------------------------------------------- conditions: match, device checks
 
 

@@ -76,13 +76,19 @@ def check_plain_step_after_scaled_backward(ctx: FileContext) -> Iterator[Hit]:
         if not scaled:
             continue
         scaler = receiver(backward_operand(scaled[0]))  # type: ignore[arg-type]
+        unscaled = [c for c in loop.calls if method_name(c) == "unscale_" and receiver(c) == scaler]
         for step in loop.step_calls:
             name = receiver(step)
             # ``if use_amp: scaled backward + scaler.step  else: plain backward + step`` is fine.
             if ctx.is_optimizer(name) and not ctx.is_scaler(name) and not loop.exclusive(scaled[0], step):
+                # After `scaler.unscale_(opt)` (to clip) the gradients are true ones: what is wrong then
+                # is that the step is taken whatever they hold, and the scale never adapts.
+                what = (f"`{ast.unparse(unscaled[0])}` (line {unscaled[0].lineno}) unscaled the gradients, but "
+                        "inf/NaN steps are not skipped and the loss scale never adapts" if unscaled else
+                        "the gradients are still multiplied by the loss scale (65536 at first) and inf/NaN steps "
+                        "are not skipped")
                 yield Hit(
                     step,
-                    f"`{ast.unparse(step)}` after `{ast.unparse(scaled[0])}` (line {scaled[0].lineno}): the gradients "
-                    "are still multiplied by the loss scale (65536 at first) and inf/NaN steps are not skipped",
+                    f"`{ast.unparse(step)}` after `{ast.unparse(scaled[0])}` (line {scaled[0].lineno}): {what}",
                     f"`{scaler}.step({name}); {scaler}.update()` instead of `{ast.unparse(step)}`; {_TK_AMP}",
                 )
