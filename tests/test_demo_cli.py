@@ -230,3 +230,28 @@ def test_a_bad_val_size_is_named_with_its_fix():
         demo.DemoConfig(val_size=2 ** 62)
     with pytest.raises(ValueError, match=r"^demo val_size=0: .* e\.g\. DemoConfig\(val_size=2048\)$"):
         demo.DemoConfig(val_size=0)
+
+
+def test_a_deadline_passed_in_validation_runs_no_further_epoch(tmp_path, monkeypatch):
+    """--max-seconds passed while the whole validation set was evaluated: the next epoch still
+    fetched a batch and evaluated the same model again, after the deadline."""
+    import dataclasses
+
+    class Clock:  # the demo's deadline clock: the deadline passes during the first validation
+        now = 0.0
+
+        @staticmethod
+        def monotonic():
+            return Clock.now
+
+    calls = []
+
+    def evaluate(*args):
+        calls.append(1)
+        Clock.now = 1e9
+        return 0.5, 64
+
+    monkeypatch.setattr(demo, "time", Clock)
+    monkeypatch.setattr(demo, "_evaluate", evaluate)
+    result = demo.run(dataclasses.replace(tiny(tmp_path / "x"), epochs=3, max_seconds=10))
+    assert result.steps == 2 and len(calls) == 1

@@ -221,6 +221,10 @@ def run(config: DemoConfig) -> DemoResult:
                 accuracy, val_images = _evaluate(net, data.val_batches(), device, val_over)
                 s.log("val/accuracy", accuracy)
                 stopped = stopped or val_images < config.val_size
+                if not stopped and epoch + 1 < config.epochs:  # the deadline came in validation
+                    stopped = time.monotonic() > deadline
+                    if ranks is not None:
+                        stopped = ranks.any(stopped)
                 if stopped:  # the epochs left would each evaluate the same model again
                     break
         step_ms, waits, samples = _read_back(s.logdir, sorted(_event_files(s.logdir) - earlier))
