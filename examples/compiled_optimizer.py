@@ -35,10 +35,10 @@ def main() -> None:
         for _ in range(args.steps):
             loss = model(inputs).square().mean()
             loss.backward()
+            s.log("loss", loss)  # before the step: no loader marks steps, so after it is the next
             optimizer.step()
             optimizer.zero_grad()
             scheduler.step()
-            s.log("loss", loss)
     print(f"compiled optimizer steps recorded in {s.logdir}")
 
 

@@ -38,7 +38,10 @@ def test_example_runs(tmp_path, name):
     out = subprocess.run([sys.executable, os.path.join(REPO, "examples", name), "--logdir", str(logdir),
                           *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert tag in scalars(logdir)
+    got = scalars(logdir)
+    assert tag in got
+    # the loss of each step is filed under that step: not under the next one, one past the end
+    assert {s for s, _ in got["loss"]} == {s for s, _ in got["trainkit/update_ms"]}
 
 
 @pytest.mark.slow
