@@ -1,4 +1,4 @@
-"""The README's two set-up commands stay in step with .ci/run and with the package."""
+"""The README stays in step with .ci/run and with the package: its set-up commands, its tab."""
 from __future__ import annotations
 
 import configparser
@@ -51,3 +51,31 @@ def test_console_script_and_extras_declared():
     assert "trainkit = trainkit.cli:main" in cfg["options.entry_points"]["console_scripts"]
     assert "pytest" in cfg["options.extras_require"]["dev"]
     assert "torch-tb-profiler==0.4.3" in cfg["options.extras_require"]["profiler-tab"]
+
+
+def test_the_tab_breakdown_takes_the_regions_the_readme_names(tmp_path):
+    """The README listed the tab's parts (forward, backward...) without saying where they come
+    from: a backward timed as `bwd`, or not timed (the README's own loop), showed as "other"."""
+    import torch
+
+    import trainkit as tk
+    from trainkit.sinks.tbplugin.data import TabData
+
+    text = " ".join(_read("README.md").split())
+    names = re.search(r"the regions named `(\w+)` and `(\w+)`", text)
+    assert names, "the README says which regions the breakdown's forward and backward are"
+    for run, (fwd, bwd) in (("named", names.groups()), ("other", ("fwd", "bwd"))):
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with tk.session(logdir=str(tmp_path / run), system_metrics=False):
+            tk.patch(opt)
+            for x in tk.patch([torch.randn(8, 4) for _ in range(6)]):
+                with tk.profile_region(fwd):
+                    loss = model(x).square().mean()
+                with tk.profile_region(bwd):
+                    loss.backward()
+                opt.step()
+                opt.zero_grad()
+    named, other = (TabData(str(tmp_path)).report(r)["breakdown"] for r in ("named", "other"))
+    assert named["forward"] > 0 and named["backward"] > 0
+    assert other["forward"] == other["backward"] == 0 and other["other"] > 0
