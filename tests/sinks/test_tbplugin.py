@@ -195,6 +195,32 @@ def test_a_trace_of_any_name_downloads_under_its_name(tmp_path, name):
     assert parse_options_header(header) == ("attachment", {"filename": name})
 
 
+def test_a_trace_removed_after_its_listing_is_a_404_that_says_so(tmp_path):
+    """A trace deleted between the listing that vouched for it and its reading (a run folder
+    cleaned up while the tab is open) made the route raise: a 500 with no word of why."""
+    from tensorboard.plugins import base_plugin
+    from werkzeug.test import Client
+
+    from trainkit.sinks.tbplugin import TrainkitPlugin
+
+    name = "gpu_syncs.pt.trace.json"
+    (tmp_path / "r").mkdir()
+    shutil.copy(os.path.join(FIXTURES, name), tmp_path / "r" / name)
+    plugin = TrainkitPlugin(base_plugin.TBContext(logdir=str(tmp_path)))
+    listed = plugin.data.trace_path
+
+    def listed_then_removed(run, file):
+        path = listed(run, file)
+        os.remove(path)
+        return path
+
+    plugin.data.trace_path = listed_then_removed
+    resp = Client(plugin.get_plugin_apps()["/trace"]).get("/trace", query_string={"run": "r",
+                                                                               "file": name})
+    assert resp.status_code == 404, resp.status_code
+    assert "cannot be read now" in json.loads(resp.data)["error"] and name in resp.get_data(True)
+
+
 def test_a_symlinked_run_is_listed_as_tensorboard_lists_it(tmp_path):
     """TensorBoard follows a run linked into the logdir; the tab left it out."""
     elsewhere = tmp_path / "elsewhere" / "exp"

@@ -111,8 +111,12 @@ class TrainkitPlugin(base_plugin.TBPlugin):
         path = self.data.trace_path(run, name)
         if path is None:  # only names the report lists are served: no path traversal
             return _json(request, {"error": f"no trace {name!r} in run {run!r}"}, 404)
-        with open(path, "rb") as fh:
-            body = fh.read()
+        try:
+            with open(path, "rb") as fh:
+                body = fh.read()
+        except OSError as exc:  # removed (or made unreadable) since the run was listed
+            return _json(request, {"error": f"trace {name!r} in run {run!r} cannot be read now "
+                                            f"({exc.strerror or exc}); reload the tab"}, 404)
         kind = "application/gzip" if name.endswith(".gz") else "application/json"
         return http_util.Respond(request, body, kind, headers=[
             ("Content-Disposition", _attachment(os.path.basename(path)))])
