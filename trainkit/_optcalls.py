@@ -121,6 +121,27 @@ def _schedulers_count_steps() -> bool:
     return False
 
 
+def step_signature(saved: Tuple[Any, bool]) -> Optional[inspect.Signature]:
+    """The signature for a patched step (a function taking the optimizer first): that of its
+    own step, kept as :func:`unbind` gives it.
+
+    Code reads ``inspect.signature(optimizer.step)``: GradScaler passes ``grad_scaler=self`` to
+    an optimizer that handles scaling (``_step_supports_amp_scaling``) only when its step names
+    that parameter; the patch's ``(*args, **kwargs)`` hid it, and such a step got no scaler.
+    """
+    fn, bound = saved
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    if bound:
+        return sig
+    params = list(sig.parameters.values())  # a callable as it is called: the optimizer first
+    name = "self" if all(q.name != "self" for q in params) else "_trainkit_self"
+    return sig.replace(parameters=[inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY)]
+                       + params)
+
+
 def closure_of(args: Any, kwargs: Any) -> Any:
     """The closure a ``step(...)`` call passes, or None (a custom optimizer's first positional
     argument may be something else, e.g. the loss: it is passed on untouched)."""

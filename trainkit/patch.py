@@ -25,7 +25,8 @@ from typing import Any, Callable, Optional
 
 from . import recorder as _recorder, timing
 from ._optcalls import ZERO_GRAD_SIGNATURE, closure_of as _closure_of, gone, rebind, referent, \
-    run_closure as _run_closure, scheduler_marked, timed_closure as _timed_closure, unbind
+    run_closure as _run_closure, scheduler_marked, step_signature, timed_closure as _timed_closure, \
+    unbind
 from ._text import brief
 from ._wrapped import inner_optimizer, repoint_saved_step
 from .recorder import CLOSURE_MS, STEP_REC, UPDATE_MS
@@ -263,12 +264,13 @@ def _step_function(p: OptimizerPatch) -> Any:
         return p.step(*args, **kwargs)
 
     step.__wrapped_step__ = True  # type: ignore[attr-defined]
+    step.__signature__ = step_signature(p._orig_step)  # type: ignore[attr-defined]
     fast = _recorder._fast
     if fast is not None:
         # The same step with its first block in C (trainkit/_speedups_step.h): it calls this
         # closure for every other case. It carries the markers as the closure would.
         fast_step = fast.FastStep(p, step, ref, own, bound, now, tap, vars(_S), STEP_REC)
-        fast_step.__wrapped_step__ = True
+        vars(fast_step).update(vars(step))  # __wrapped_step__, __signature__
         return scheduler_marked(fast_step, p.orig_step)
     return scheduler_marked(step, p.orig_step)
 
