@@ -346,3 +346,23 @@ def test_a_malformed_techniques_variable_leaves_the_optimizer_unpatched(monkeypa
     monkeypatch.setenv("TRAINKIT_TECHNIQUES", '{"set_to_none": false}')
     tk.patch(opt)  # fixed: now it patches, and the switch takes effect
     assert opt.__dict__["_trainkit_patch"].set_to_none is False
+
+
+def test_a_torch_that_cannot_compile_leaves_the_optimizer_unpatched(monkeypatch):
+    """torch.compile raises where dynamo cannot run (e.g. "Dynamo is not supported on Python
+    3.x"); tk.patch(opt, compile=True) left the optimizer patched, uncompiled, after raising."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def cannot_compile(*args, **kwargs):
+        raise RuntimeError("Dynamo is not supported on this Python")
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "compile", cannot_compile)
+        with pytest.raises(RuntimeError, match="Dynamo is not supported"):
+            tk.patch(opt, compile=True)
+    assert "step" not in opt.__dict__ and "_trainkit_patch" not in opt.__dict__
+    tk.patch(opt)  # patching it again, once compile works or without it, starts clean
+    tk.patch(opt, compile=True)  # and compile=True on a patched optimizer compiles its step
+    assert opt.__dict__["_trainkit_patch"].compiled
+    tk.unpatch(opt)

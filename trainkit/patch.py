@@ -295,11 +295,18 @@ def optimizer_patch(opt: Any) -> Optional[OptimizerPatch]:
 
 def _patch_optimizer(opt: Any, *, compile: bool) -> Any:
     p = optimizer_patch(opt)
-    if p is None:
+    fresh = p is None
+    if fresh:
         from .switches import check_overrides
 
         check_overrides()  # a malformed TRAINKIT_TECHNIQUES fails here, before the patch
-        p = OptimizerPatch(opt)
+        p = OptimizerPatch(opt)  # reads the optimizer, changes nothing
+    core = None
+    if compile and not p.compiled:  # before any change: a torch that cannot compile raises here
+        from .techniques.compiled_step import compile_core
+
+        core = compile_core(opt, p.orig_step)
+    if fresh:
         opt.__dict__[_ATTR] = p
         # Bound to a weak proxy: a bound method in its own __dict__ would keep it alive.
         opt.step = types.MethodType(_step_function(p), weakref.proxy(opt))
@@ -312,10 +319,8 @@ def _patch_optimizer(opt: Any, *, compile: bool) -> Any:
         if not p.set_to_none:  # True is zero_grad's own default: nothing to wrap for it
             wrap_zero_grad(opt)
         p.undo_fused = fused.apply(opt)
-    if compile and not p.compiled:
-        from .techniques.compiled_step import compile_core
-
-        p.core = compile_core(opt, p.orig_step)
+    if core is not None:
+        p.core = core
         p.compiled = True
     return opt
 
