@@ -221,6 +221,9 @@ def test_second_optimizer_adds_update_time_to_the_same_step(tmp_path, patched_lo
     ({"a": 1}, "got dict"),
     (torch.nn.Linear(2, 2), "a model"),
     (torch.ones(3), "got Tensor"),
+    (torch.optim.lr_scheduler.StepLR(torch.optim.SGD([torch.zeros(1)], lr=0.1), 1),
+     "got StepLR of an optimizer: patch the optimizer itself"),
+    (torch.optim.SGD([torch.zeros(1)], lr=0.1).step, "got method of an optimizer"),
 ])
 def test_patch_refuses_what_it_cannot_patch(bad, text):
     with pytest.raises(TypeError, match=text) as info:

@@ -25,8 +25,8 @@ from typing import Any, Callable, Optional
 
 from . import recorder as _recorder, timing
 from ._optcalls import ZERO_GRAD_SIGNATURE, closure_of as _closure_of, gone, rebind, referent, \
-    run_closure as _run_closure, scheduler_marked, step_signature, timed_closure as _timed_closure, \
-    unbind
+    run_closure as _run_closure, scheduler_marked, step_signature, \
+    timed_closure as _timed_closure, unbind
 from ._text import brief
 from ._wrapped import inner_optimizer, repoint_saved_step
 from .recorder import CLOSURE_MS, STEP_REC, UPDATE_MS
@@ -385,6 +385,9 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
         kind = "a model (nn.Module)"
     elif not hasattr(obj, "__iter__"):
         kind = type(obj).__name__
+        if isinstance(getattr(obj, "__self__", getattr(obj, "optimizer", None)),
+                      torch.optim.Optimizer):  # a scheduler, or optimizer.step
+            kind += " of an optimizer: patch the optimizer itself"
     if kind is not None:
         raise TypeError(f"patch({brief(obj)}): expected a torch.optim.Optimizer or an iterable data "
                         f"loader, got {kind}; e.g. tk.patch(optimizer) and loader = tk.patch(loader)")
