@@ -20,6 +20,21 @@ def scalars(logdir: str) -> Dict[str, List[Tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]}
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_runs_in_the_checkout():
+    """A session without a logdir writes runs/<time>_<host> in the working folder: a test that
+    forgets its logdir leaves a run in the checkout (or wherever pytest was started)."""
+    def runs() -> set:
+        path = os.path.join(os.getcwd(), "runs")
+        return set(os.listdir(path)) if os.path.isdir(path) else set()
+
+    before = runs()
+    yield
+    new = sorted(runs() - before)
+    assert not new, f"tests wrote runs into {os.path.join(os.getcwd(), 'runs')}: {new}; give " \
+                    f"each session a logdir under tmp_path"
+
+
 @pytest.fixture(autouse=True)
 def _no_session_leak():
     yield

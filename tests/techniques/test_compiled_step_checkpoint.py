@@ -28,7 +28,7 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-def _train(compiled: bool, logdir=None):
+def _train(compiled: bool, logdir):
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 4)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -54,11 +54,11 @@ def _train(compiled: bool, logdir=None):
 
 @moving_betas
 def test_loading_a_checkpoint_mid_run_causes_no_recompile(tmp_path):
-    eager, _ = _train(False)
+    eager, _ = _train(False, tmp_path / "eager")
     with warnings.catch_warnings():
         fail_on_runtime_warnings()
-        model, opt = _train(True, tmp_path)
-    got = scalars(tmp_path)
+        model, opt = _train(True, tmp_path / "compiled")
+    got = scalars(tmp_path / "compiled")
     assert [v for _, v in got["trainkit/compile/recompiles"]][-1] == 0
     for a, b in zip(model.parameters(), eager.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
