@@ -6,11 +6,15 @@ import math
 import numbers
 from typing import Any
 
+#: The largest step an event file holds (an int64); a larger one wrapped around, silently.
+MAX_STEP = 2**63 - 1
+
 
 def check_session_args(*, log_every: Any, flush_secs: Any, system_metrics: Any,
                        steps_done: Any) -> None:
     """Raises ValueError or TypeError for an argument of ``tk.session`` that cannot be used."""
-    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+    if isinstance(log_every, bool) or not isinstance(log_every, numbers.Integral) \
+            or log_every < 1:
         raise ValueError(f"session(log_every={log_every!r}): must be a positive int "
                          f"(steps between writes), e.g. log_every=50")
     if (isinstance(flush_secs, bool) or not isinstance(flush_secs, numbers.Real)
@@ -20,8 +24,9 @@ def check_session_args(*, log_every: Any, flush_secs: Any, system_metrics: Any,
     if not isinstance(system_metrics, bool):
         raise TypeError(f"session(system_metrics={system_metrics!r}): must be True or False")
     if isinstance(steps_done, bool) or not isinstance(steps_done, numbers.Integral) \
-            or steps_done < 0:
+            or steps_done < 0 or steps_done >= MAX_STEP:
         raise ValueError(f"session(steps_done={steps_done!r}): must be the number of optimizer "
-                         f"steps done before this session, an int >= 0: 0 for a new run, or for "
-                         f"a run resumed from a checkpoint the step count saved in it, e.g. "
+                         f"steps done before this session, an int >= 0 (below 2**63 - 1, "
+                         f"TensorBoard's int64): 0 for a new run, or for a run resumed from a "
+                         f"checkpoint the step count saved in it, e.g. "
                          f"steps_done=checkpoint['step']")

@@ -7,14 +7,19 @@ session closes, both signals are held and act once everything is written, and so
 DataLoader's handler for it (torch's) raises when one of its workers died, as they do when a
 SIGTERM goes to the whole process group (a job scheduler's, ``kill -- -PGID``), and raised inside
 the final write it lost the run's last records. Python sets signal handlers only in the main
-thread; elsewhere these do nothing.
+thread; elsewhere these do nothing. The process's other ends are here too: its exit closes the
+active session (atexit, and multiprocessing's finalizers in a child that ends by ``os._exit``),
+and a forked child (a DataLoader worker) records nothing.
 """
 from __future__ import annotations
 
+import atexit
+import collections
 import contextlib
 import importlib
 import os
 import signal
+import sys
 import threading
 from typing import Any, Dict, Iterator, List
 
@@ -22,6 +27,7 @@ from typing import Any, Dict, Iterator, List
 _HELD = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGCHLD,) if hasattr(signal, "SIGCHLD") else ())
 _prev_sigterm: Any = None
 _installed = False
+_exit_hooks_pid = 0  # the process whose exit closes the active session
 
 
 def _session_module() -> Any:
@@ -59,9 +65,35 @@ def on_sigterm(signum: int, frame: Any) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _close_active() -> None:
+    _session_module()._close_active()
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (a DataLoader worker) records nothing: no writer drains its copy of the
+    # buffer, which a region timed in a Dataset's __getitem__ grew for the whole run.
+    S = sys.modules.get(__package__ + ".session")
+    s = None if S is None else S._active
+    if s is not None:
+        S._active = None
+        s._buf = collections.deque(maxlen=0)
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def install() -> None:
-    """Flush the active session on SIGTERM (from the main thread; elsewhere a no-op)."""
-    global _prev_sigterm, _installed
+    """Close the active session at exit, and flush it on SIGTERM (set from the main thread;
+    elsewhere SIGTERM is left alone)."""
+    global _prev_sigterm, _installed, _exit_hooks_pid
+    if _exit_hooks_pid != os.getpid():  # once per process (closing twice is a no-op)
+        _exit_hooks_pid = os.getpid()
+        atexit.register(_close_active)
+        mp = sys.modules.get("multiprocessing.util")
+        if mp is not None:  # a multiprocessing child started by fork or forkserver ends by
+            # os._exit, which runs no atexit (its unclosed session lost all), only these
+            mp.Finalize(None, _close_active, exitpriority=100)
     if _installed or threading.current_thread() is not threading.main_thread():
         return  # signal handlers can only be set from the main thread
     _prev_sigterm = signal.getsignal(signal.SIGTERM)

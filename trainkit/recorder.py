@@ -110,6 +110,7 @@ class Recorder:
         self._sample_secs = sample_secs
         self._next_sample = 0.0
         self._completed_at_last_wake = -1
+        self._done0 = completed()  # steps done before this session
         self._open: Dict[int, Dict[str, Any]] = {}  # step -> tag -> value, or a list of them
         self._lock = threading.RLock()  # re-entrant: a SIGTERM handler may flush mid-flush
         self._wake = threading.Event()
@@ -139,22 +140,39 @@ class Recorder:
             completed = self.completed()
             stalled = not woken and completed == self._completed_at_last_wake
             self._completed_at_last_wake = completed
-            try:
-                self.flush(final=False, slack=0 if stalled else 1)
-            except BaseException as exc:  # keep the training alive; close() re-raises nothing
-                self.failed = exc
-                _warn_lost(self.writer.path, exc, "what is recorded from now on is dropped")
+            if self.failed is None:  # else s.flush() failed, in the training thread
+                try:
+                    self.flush(final=False, slack=0 if stalled else 1,
+                               stalled=stalled and completed == self._done0)
+                except BaseException as exc:  # keep the training alive; close() re-raises nothing
+                    self._failed(exc)
+            if self.failed is not None:
                 # Records go nowhere now; they must not pile up for the rest of the run.
                 while not self._stop:
-                    self._wake.wait(self.flush_secs)
+                    self._wake.wait(min(self.flush_secs, self._sample_secs))
                     self._wake.clear()
                     self.buf.clear()
                 return
 
-    def flush(self, *, final: bool, slack: int = 0) -> None:
+    def flush_now(self) -> None:
+        """``s.flush()`` (a SIGTERM's too): a failed write is said once, never raised into the
+        training (out of the SIGTERM handler, it skipped the user's own handler)."""
+        if self.failed is None:
+            try:
+                self.flush(final=False)
+            except Exception as exc:  # a full disk
+                self._failed(exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        if self.failed is None:  # said once
+            self.failed = exc
+            _warn_lost(self.writer.path, exc, "what is recorded from now on is dropped")
+
+    def flush(self, *, final: bool, slack: int = 0, stalled: bool = False) -> None:
         """Write every completed step (every step, waiting for the GPU, when ``final``).
 
         ``slack``: how many of the last completed steps to keep back for a later write.
+        ``stalled``: no step completed yet, none since the last wake (see :meth:`_write_ahead`).
 
         This runs in the writer thread while the training thread waits for the GIL now and then,
         so it is written for speed: one pass over the records, floats taken as they are, and a
@@ -168,6 +186,7 @@ class Recorder:
         training thread ~10-20 us a step.
         """
         with self._lock:
+            self.writer.reopen_if_deleted()  # before the pass: its records go to a file kept
             # Read before taking records: every record of a step up to here is in the buffer.
             done = self.completed()
             completed = done - slack
@@ -176,7 +195,7 @@ class Recorder:
                 ctx = (self.writer, self._wall0, self._perf0, time.time)
                 _fast.ingest(buf, opened, completed, final, ctx)
                 _fast.write_steps(opened, completed, final, ctx)
-                self._flush_rest(done, final)
+                self._flush_rest(done, final, stalled)
                 return
             pop = buf.popleft
             add: Any = {}.setdefault
@@ -224,13 +243,14 @@ class Recorder:
                 else:
                     tags[tag] = rec[2]
             self._write_steps(completed, final)
-            self._flush_rest(done, final)
+            self._flush_rest(done, final, stalled)
 
-    def _flush_rest(self, done: int, final: bool) -> None:
+    def _flush_rest(self, done: int, final: bool, stalled: bool = False) -> None:
         """What a flush writes after the steps (under its lock): values logged far ahead, text
         summaries, system metrics."""
         if not final:
-            self._write_ahead(done + 1 + _BEHIND)
+            near = done + 1 + _BEHIND
+            self._write_ahead(done if stalled else near, near)
         while self.meta:
             tag, step, text = self.meta.popleft()
             self.writer.write_text(tag, text, step=step)
@@ -260,13 +280,18 @@ class Recorder:
             wall = time.time() if end is None else self._wall0 + (end - self._perf0)
             write(step=step, values=derive(combined), wall_time=wall)
 
-    def _write_ahead(self, after: int) -> None:
+    def _write_ahead(self, after: int, near: int) -> None:
         """Write the open steps past ``after``, ``_BEHIND`` steps past the one in progress: only
         ``s.log(..., step=k)`` files there (an RL loop's episode reward by environment step, which
         runs ahead of the optimizer's count), and waiting for the steps to catch up held them back
         until the session closed (nothing shown meanwhile, all lost to a SIGKILL). A value logged
         there later is written by a later flush, as one logged under an earlier step is; a step
         just ahead (a value known for the next step) still waits to join that step's event.
+
+        While no step has been counted yet (``after`` < ``near``), the steps up to ``near`` that
+        hold only values the user logged are written too: with nothing patched (values logged by
+        ``step=`` alone) they, and by the rule below every later step of their tags, were held
+        until the close (none shown, all lost to a SIGKILL).
 
         Each tag's steps stay in order in the file: TensorBoard's data server takes a step that
         goes back as a restart and drops the tag's points from there on. So a step is not written
@@ -281,7 +306,8 @@ class Recorder:
                 held.update(opened[n])
         for step in ahead:
             tags = opened[step]
-            if not held.isdisjoint(tags):
+            if not held.isdisjoint(tags) or (step <= near and any(
+                    map(operator.methodcaller("startswith", _OWN), tags))):
                 held.update(tags)
                 continue
             combined = _combine_step(tags, False)
@@ -300,7 +326,8 @@ class Recorder:
         self._stop = True
         self._wake.set()
         if self._thread is not threading.current_thread():
-            self._thread.join(timeout=max(5.0, self.flush_secs * 2))
+            # flush_secs=1e10 made it raise OverflowError (over the user's error), unwritten
+            self._thread.join(timeout=min(max(5.0, self.flush_secs * 2), threading.TIMEOUT_MAX))
         with self._lock:
             try:
                 if self.failed is None:
@@ -324,6 +351,7 @@ class Recorder:
 
 
 _NUMBER = (int, float)
+_OWN = (PREFIX, "\0")  # trainkit's own tags (s.log refuses them): not the user's values
 _is_float = functools.partial(operator.is_, float)  # of a type: a C call, not a Python frame
 #: A flush writes a completed step early, mid-pass, once a record this many steps later shows up.
 _BEHIND = 8

@@ -3,25 +3,25 @@
 Every technique records into the active session (``active()``); with none they still work and
 record nothing. A session flushes everything recorded on ``close()``, at the end of its ``with``
 block (also when an exception leaves it, which then propagates unchanged), at interpreter exit
-(which covers an uncaught KeyboardInterrupt), and on SIGTERM, after which the signal is re-raised
-with the previous handler so that the exit status is the one the process would have had
-(:mod:`trainkit._signals`).
+(which covers an uncaught KeyboardInterrupt, and a multiprocessing child's exit), and on SIGTERM,
+after which the signal is re-raised with the previous handler so that the exit status is the one
+the process would have had (:mod:`trainkit._signals`). A forked child records nothing.
 """
 from __future__ import annotations
 
-import atexit
 import numbers
 import os
 import threading
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from . import _compiled, _env, _signals, timing
 from ._logdir import check_logdir as _check_logdir, default_logdir as _default_logdir
 from ._logvalues import check_log_name, to_scalar
-from ._session_args import check_session_args
+from ._session_args import MAX_STEP, check_session_args
 from ._text import brief
 from .profiling.schedule import check_session_profile
-from .recorder import STEP_END, STEP_TIME, Recorder
+from .recorder import PREFIX, STEP_END, STEP_TIME, Recorder
 
 _active: Optional["Session"] = None
 
@@ -79,10 +79,12 @@ class Session:
             sampler = SystemSampler(self._completed)
         steps_done = int(steps_done)  # a numpy integer too
         self.step = steps_done + 1  # the step in progress; records are filed under it
-        self._recorder = Recorder(self.logdir, flush_secs=flush_secs, completed=self._completed,
+        # float(): threading's waits refuse a np.float32 (the writer died at its first wait)
+        self._recorder = Recorder(self.logdir, flush_secs=float(flush_secs),
+                                  completed=self._completed,
                                   sample=sampler, resumed_at=self.step if steps_done else None)
         self._buf = self._recorder.buf
-        self._log_every = log_every
+        self._log_every = int(log_every)  # a numpy integer too
         self._wake = self._recorder.wake
         # The step of the batch a patched loader handed out last: a loss logged after
         # optimizer.step() belongs to the step that batch fed, not to the next one.
@@ -164,9 +166,11 @@ class Session:
                 self._names.add(name)
         if step is None:
             step = self.step if self._batch_step is None else self._batch_step
-        elif isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
-            raise ValueError(f"log(step={brief(step)}): step must be a non-negative int or None "
-                             f"(None files it under the current optimizer step)")
+        elif isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0 \
+                or step > MAX_STEP:  # past int64, the event file's step wrapped (2**64 + 5 -> 5)
+            raise ValueError(f"log(step={brief(step)}): step must be a non-negative int up to "
+                             f"2**63 - 1 (TensorBoard's int64), or None (None files it under the "
+                             f"current optimizer step)")
         else:
             step = int(step)  # a numpy integer too
         if type(value) is float:
@@ -191,7 +195,13 @@ class Session:
                 try:
                     self.end_batch_step(timing.now())  # a pass over a patched loader under way
                     if self._profiler is not None:
-                        self._profiler.close()
+                        try:
+                            self._profiler.close()  # writes the cycle under way
+                        except Exception as exc:  # its folder deleted, a full disk: said, not
+                            warnings.warn(  # raised over the user's own error
+                                f"trainkit: the profiler's last trace could not be written to "
+                                f"{self.logdir!r} ({type(exc).__name__}: {exc}); everything "
+                                f"else recorded is written", RuntimeWarning, stacklevel=3)
                 finally:
                     try:
                         for undo in reversed(self._on_close):
@@ -222,7 +232,7 @@ class Session:
             s.flush()   # e.g. before a checkpoint
         """
         if not self._closed and os.getpid() == self._pid:
-            self._recorder.flush(final=False)
+            self._recorder.flush_now()
 
     @property
     def closed(self) -> bool:
@@ -350,9 +360,6 @@ _compiled.never_traced(Session.log, _compiled.LOG_IN_GRAPH)
 
 
 # -- activation, exit and signals ------------------------------------------------------------------
-_atexit_registered = False
-
-
 class _ClosedBuffer:
     """A closed session's buffer: what is still logged into it is refused, not dropped unsaid."""
 
@@ -360,11 +367,19 @@ class _ClosedBuffer:
         self._repr = repr(s)
 
     def append(self, record: Any) -> None:
+        tag = record[0]
+        if tag.__class__ is str and tag.startswith(_OWN_TAGS):
+            # A technique's record of a call under way when another thread (or a signal
+            # handler) closed the session: no session's any more. Raised, it failed the user's
+            # optimizer.step() after the step was taken, blaming a log('\x00step', ...).
+            return
         raise RuntimeError(f"log({record[0]!r}, ...) after the session was closed ({self._repr}): "
                            f"it would not be written; log inside the `with tk.session(...)` block, "
                            f"or start a new session")
 
 
+#: trainkit's own tags, which s.log refuses (trainkit._logvalues.check_log_name)
+_OWN_TAGS = (PREFIX, "\0")
 _start_lock = threading.RLock()
 
 
@@ -375,12 +390,9 @@ def _check_none_active() -> None:
 
 
 def _activate(s: Session) -> None:
-    global _active, _atexit_registered
+    global _active
     _active = s
-    if not _atexit_registered:
-        atexit.register(_close_active)
-        _atexit_registered = True
-    _signals.install()
+    _signals.install()  # closed at exit, flushed on SIGTERM
 
 
 def _close_active() -> None:

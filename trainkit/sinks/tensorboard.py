@@ -143,12 +143,9 @@ class EventFileWriter:
 
         self._event_pb2 = event_pb2
         self._summary_pb2 = summary_pb2
-        os.makedirs(logdir, exist_ok=True)
-        name = "events.out.tfevents.%010d.%s.%d.%06d%s" % (
-            int(time.time()), socket.gethostname(), os.getpid(), next(_file_ids), filename_suffix)
-        self.path = os.path.join(logdir, name)
-        self._file: Optional[IO[bytes]] = open(self.path, "ab")
-        self._write_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+        self._logdir, self._suffix = logdir, filename_suffix
+        self._file: Optional[IO[bytes]] = None
+        self._open()
         if resumed_at is not None:
             # A run resumed at this step: what earlier files hold from it on is orphaned.
             # TensorBoard's data server drops it at the first step written again; its legacy
@@ -160,6 +157,35 @@ class EventFileWriter:
             self._write_event(start)
             self._write_event(start)
         self.flush()
+
+    def _open(self) -> None:
+        os.makedirs(self._logdir, exist_ok=True)
+        name = "events.out.tfevents.%010d.%s.%d.%06d%s" % (
+            int(time.time()), socket.gethostname(), os.getpid(), next(_file_ids), self._suffix)
+        self.path = os.path.join(self._logdir, name)
+        self._file = open(self.path, "ab")
+        self._write_event(self._event_pb2.Event(wall_time=time.time(),
+                                                file_version="brain.Event:2"))
+
+    def reopen_if_deleted(self) -> None:
+        """Open a new file (the folder made again) if this one was deleted: its folder removed
+        mid-run (a ``rm -rf runs/*`` of old runs that caught this one) sent the rest of the run,
+        unsaid, to a file nobody can open. Said once per file; what the deleted file held is
+        gone, what is written from now on is kept. TensorFlow's EventsWriter does the same."""
+        f = self._file
+        if f is None or os.fstat(f.fileno()).st_nlink > 0:
+            return
+        import warnings
+
+        old, self._file = self.path, None
+        try:
+            f.close()
+        except OSError:  # what it held is gone with it
+            pass
+        self._open()
+        warnings.warn(f"trainkit: the event file {old!r} was deleted while the run went on (its "
+                      f"folder removed?); what it held is lost, what is recorded from now on "
+                      f"goes to {self.path!r}", RuntimeWarning, stacklevel=2)
 
     def _write_event(self, event: Any) -> None:
         self._write_record(event.SerializeToString())

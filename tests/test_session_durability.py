@@ -1,0 +1,189 @@
+"""What a session keeps whatever the input and the process do: steps past TensorBoard's int64
+refused (they were written wrapped around), a flush_secs past threading's longest wait (it made
+the close raise over the user's exception, with nothing written) or a numpy one (the writer
+died), forked DataLoader workers that record nothing (their copy of the buffer, never drained,
+grew for the whole run), a run folder deleted mid-run, a session closed by another thread during
+a step, a multiprocessing child's unclosed session, and values logged by ``step=`` alone."""
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+import torch
+
+import trainkit as tk
+from tests.conftest import scalars
+
+
+def test_steps_past_int64_are_refused_not_wrapped_around(tmp_path):
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        for step in (2**64 + 5, 2**63):
+            with pytest.raises(ValueError, match=rf"log\(step={step}\): .*up to 2\*\*63 - 1"):
+                s.log("x", 1.0, step=step)
+        s.log("x", 2.0, step=2**63 - 1)
+        s.log("x", 3.0, step=5)
+    assert scalars(tmp_path)["x"] == [(5, 3.0), (2**63 - 1, 2.0)]
+    with pytest.raises(ValueError, match=r"steps_done=9223372036854775807\): .*below 2\*\*63"):
+        tk.session(logdir=tmp_path / "b", steps_done=2**63 - 1)
+    assert not (tmp_path / "b").exists()  # refused before anything was created
+
+
+@pytest.mark.parametrize("flush_secs", [1e10, 1e300])
+def test_a_flush_secs_past_threadings_longest_wait_writes_and_keeps_the_users_error(tmp_path,
+                                                                                   flush_secs):
+    err = KeyError("users own")
+    with pytest.raises(KeyError) as info:
+        with tk.session(logdir=tmp_path, system_metrics=False, flush_secs=flush_secs) as s:
+            s.log("x", 1.0)
+            raise err
+    assert info.value is err and info.value.__context__ is None
+    assert s.closed and s._recorder.writer._file is None
+    assert scalars(tmp_path)["x"] == [(1, 1.0)]
+
+
+class _Items(torch.utils.data.Dataset):
+    """Each item: whether the worker sees a session, and how many records its copy holds."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        with tk.profile_region("decode"):  # timed in the worker: where would it go?
+            s = tk.active()
+        held = 0 if s is None else len(s._buf)
+        return torch.tensor([float(s is not None), float(held)])
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGCHLD"), reason="no fork here")
+def test_forked_dataloader_workers_record_nothing(tmp_path):
+    sigchld = signal.getsignal(signal.SIGCHLD)  # torch's workers set theirs, for good
+    try:
+        with tk.session(logdir=tmp_path, system_metrics=False) as s:
+            loader = torch.utils.data.DataLoader(_Items(), batch_size=8, num_workers=2,
+                                                 multiprocessing_context="fork")
+            seen = torch.cat([b for b in tk.patch(loader)])
+            s.log("x", 1.0)
+    finally:
+        signal.signal(signal.SIGCHLD, sigchld)
+    assert seen.shape == (64, 2)
+    assert seen[:, 0].sum() == 0, "a worker saw the parent's session as its own"
+    assert seen[:, 1].sum() == 0, "a worker's records piled up in a buffer nobody drains"
+    assert [v for _, v in scalars(tmp_path)["x"]] == [1.0]
+
+
+def test_a_run_folder_deleted_mid_run_is_said_and_made_again_for_what_comes_next(tmp_path):
+    import shutil
+
+    logdir = tmp_path / "run"
+    s = tk.session(logdir=logdir, system_metrics=False, flush_secs=60)
+    for i in range(1, 21):
+        s.log("x", float(i), step=i)
+    s.flush()
+    with pytest.warns(RuntimeWarning, match=r"was deleted while the run went on .*goes to"):
+        shutil.rmtree(logdir)  # `rm -rf runs/*` to clean up old runs, this one caught too
+        for i in range(21, 31):
+            s.log("x", float(i), step=i)
+        s.close()
+    steps = [st for st, _ in scalars(logdir)["x"]]
+    assert steps[-10:] == list(range(21, 31)), steps  # before: nothing, and nothing said
+
+
+def test_numpy_numbers_are_taken_where_python_ones_are(tmp_path):
+    import fractions
+
+    import numpy as np
+
+    for flush_secs in (np.float32(0.5), fractions.Fraction(1, 2)):
+        with tk.session(logdir=tmp_path / "f", system_metrics=False, flush_secs=flush_secs) as s:
+            s._recorder._wake.set()
+            time.sleep(0.2)  # before: the writer died at its first wait (TypeError), unsaid
+            assert s._recorder._thread.is_alive()
+    with tk.session(logdir=tmp_path, system_metrics=False, log_every=np.int64(2),
+                    steps_done=np.int64(4)) as s:
+        s.log("x", 1.0, step=np.int64(7))
+    assert s._log_every.__class__ is int  # the patched step's C code reads it as an int
+    assert scalars(tmp_path)["x"] == [(7, 1.0)]
+
+
+class _ClosedMeanwhile(torch.optim.SGD):
+    """Its step ends with the session closed by another thread (a watchdog's, a UI's stop)."""
+
+    def step(self, closure=None):
+        import threading
+
+        out = super().step(closure)
+        if self.state.get("close_now"):
+            t = threading.Thread(target=tk.active().close)
+            t.start()
+            t.join()
+        return out
+
+
+def test_a_session_closed_by_another_thread_during_a_step_fails_no_step(tmp_path):
+    model = torch.nn.Linear(4, 1)
+    opt = tk.patch(_ClosedMeanwhile(model.parameters(), lr=0.1))
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        for i in range(1, 4):
+            model(torch.ones(2, 4)).sum().backward()
+            opt.state["close_now"] = i == 3
+            opt.step()  # before: RuntimeError "log('\x00step', ...) after the session was closed"
+            opt.zero_grad()
+            if i < 3:
+                s.log("x", float(i))
+        assert s.closed and tk.active() is None
+        with pytest.raises(RuntimeError, match=r"log\('x', \.\.\.\) after the session was closed"):
+            s.log("x", 3.0)  # what the user logs is still refused, not dropped unsaid
+    assert scalars(tmp_path)["x"] == [(2, 1.0), (3, 2.0)]  # logged after each step
+
+
+def _unclosed_session(logdir):
+    s = tk.session(logdir=logdir, system_metrics=False, flush_secs=60)  # "usable without `with`"
+    for i in range(1, 6):
+        s.log("x", float(i), step=i)
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_a_multiprocessing_childs_unclosed_session_is_flushed_at_its_exit(tmp_path, method):
+    # Such a child ends by os._exit, which runs no atexit: everything it recorded was lost.
+    import multiprocessing
+
+    child = multiprocessing.get_context(method).Process(target=_unclosed_session,
+                                                        args=(str(tmp_path),))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert [st for st, _ in scalars(tmp_path).get("x", [])] == [1, 2, 3, 4, 5]
+
+
+def test_values_logged_by_step_alone_are_written_while_the_run_goes_on(tmp_path):
+    # Nothing patched, so no step is ever counted: steps 1..9 waited for the count to reach
+    # them, and every later step of their tags waited behind them, until the close.
+    with tk.session(logdir=tmp_path, system_metrics=False, flush_secs=0.1) as s:
+        for i in range(1, 31):
+            s.log("loss", float(i), step=i)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(scalars(tmp_path).get("loss", [])) < 30:
+            time.sleep(0.2)
+        assert scalars(tmp_path).get("loss", []) == [(i, float(i)) for i in range(1, 31)]
+    assert scalars(tmp_path)["loss"] == [(i, float(i)) for i in range(1, 31)]
+
+
+@pytest.mark.filterwarnings("ignore:trainkit. the event file:RuntimeWarning")  # deleted too
+def test_a_trace_that_cannot_be_written_at_the_close_never_replaces_the_users_error(tmp_path):
+    import shutil
+
+    model = torch.nn.Linear(4, 1)
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    err = KeyError("users own")
+    with pytest.warns(RuntimeWarning, match="the profiler's last trace could not be written"):
+        with pytest.raises(KeyError) as info:
+            with tk.session(logdir=tmp_path / "run", system_metrics=False,
+                            profile=tk.ProfileSchedule(wait=1, warmup=1, active=50)):
+                for _ in range(4):
+                    model(torch.ones(2, 4)).sum().backward()
+                    opt.step()
+                    opt.zero_grad()
+                shutil.rmtree(tmp_path / "run")  # the cycle under way is written at the close
+                raise err
+    assert info.value is err and info.value.__context__ is None  # before: FileNotFoundError
