@@ -169,14 +169,14 @@ def test_values_logged_by_step_alone_are_written_while_the_run_goes_on(tmp_path)
     assert scalars(tmp_path)["loss"] == [(i, float(i)) for i in range(1, 31)]
 
 
-@pytest.mark.filterwarnings("ignore:trainkit. the event file:RuntimeWarning")  # deleted too
+@pytest.mark.filterwarnings("ignore:trainkit. writing the run:RuntimeWarning")  # no folder
 def test_a_trace_that_cannot_be_written_at_the_close_never_replaces_the_users_error(tmp_path):
     import shutil
 
     model = torch.nn.Linear(4, 1)
     opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
     err = KeyError("users own")
-    with pytest.warns(RuntimeWarning, match="the profiler's last trace could not be written"):
+    with pytest.warns(UserWarning, match=r"a profiler trace of step 4 could not be written"):
         with pytest.raises(KeyError) as info:
             with tk.session(logdir=tmp_path / "run", system_metrics=False,
                             profile=tk.ProfileSchedule(wait=1, warmup=1, active=50)):
@@ -184,6 +184,7 @@ def test_a_trace_that_cannot_be_written_at_the_close_never_replaces_the_users_er
                     model(torch.ones(2, 4)).sum().backward()
                     opt.step()
                     opt.zero_grad()
-                shutil.rmtree(tmp_path / "run")  # the cycle under way is written at the close
+                shutil.rmtree(tmp_path / "run")  # the cycle under way is written at the close,
+                (tmp_path / "run").write_text("x")  # where a file now stands
                 raise err
     assert info.value is err and info.value.__context__ is None  # before: FileNotFoundError

@@ -1,6 +1,7 @@
 """Traces driven by the patched optimizer's steps: where they go, what they hold, what it costs."""
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -228,3 +229,33 @@ def test_repeated_cycles_do_not_pass_on_torchs_acc_events_warning(logdir):
                 torch.ones(2).sum()
                 prof.step()
     assert [w for w in caught if "clears events" in str(w.message)]
+
+
+@pytest.mark.filterwarnings("ignore:trainkit. the event file:RuntimeWarning")  # removed too
+@pytest.mark.filterwarnings("ignore:trainkit. writing the run:RuntimeWarning")  # a file there
+@pytest.mark.parametrize("then", ["removed", "a file"])
+def test_a_cycle_ending_after_the_run_folder_went_is_no_error_in_the_step(tmp_path, then):
+    """The folder removed mid-run (a clean-up of old runs that caught this one): the cycle's end,
+    inside optimizer.step(), raised FileNotFoundError into the training. Now the folder is made
+    again and the trace written; where it cannot be (a file in its place), that is said."""
+    import shutil
+
+    import torch
+
+    logdir = tmp_path / "run"
+    model = torch.nn.Linear(4, 1)
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    with tk.session(logdir=logdir, system_metrics=False,
+                    profile=tk.ProfileSchedule(wait=1, warmup=1, active=2, repeat=2)):
+        for i in range(10):
+            model(torch.ones(2, 4)).sum().backward()
+            if i == 2:  # in the first cycle's active steps
+                shutil.rmtree(logdir)
+                if then == "a file":
+                    logdir.write_text("not a folder")
+            with pytest.warns(UserWarning, match=r"profiler trace .* could not be written") \
+                    if then == "a file" and i == 3 else contextlib.nullcontext():
+                opt.step()  # the first cycle ends in this one
+            opt.zero_grad()
+    if then == "removed":
+        assert len(_traces(logdir)) == 2  # both cycles written

@@ -155,10 +155,18 @@ class Tracer:
         handler = tensorboard_trace_handler(self.logdir, worker_name=worker, use_gzip=self.gzip)
 
         def on_ready(prof: Any) -> None:
-            before = set(os.listdir(self.logdir))
-            handler(prof)
-            self.traces.extend(sorted(os.path.join(self.logdir, f)
-                                      for f in set(os.listdir(self.logdir)) - before
+            # Called inside the step that ends a cycle: a failure here is said, never raised
+            # into the training. A folder removed mid-run is made again (the handler does).
+            try:
+                before = set(os.listdir(self.logdir)) if os.path.isdir(self.logdir) else set()
+                handler(prof)
+                after = set(os.listdir(self.logdir))
+            except Exception as exc:
+                _warn(f"trainkit: a profiler trace of step {self.steps} could not be written to "
+                      f"{self.logdir!r} ({type(exc).__name__}: {exc}); the training goes on, "
+                      f"and the next cycle is tried again. Fix the folder (or free some space)")
+                return
+            self.traces.extend(sorted(os.path.join(self.logdir, f) for f in after - before
                                       if is_trace(f)))
 
         return on_ready
