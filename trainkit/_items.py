@@ -57,7 +57,7 @@ class ItemsCounter:
             except (KeyError, IndexError, TypeError, AttributeError):
                 node = None
             if isinstance(node, self.tensor) and node.dim() > 0:
-                return int(node.shape[0])
+                return int(node.size(0))  # a strided nested tensor has no .shape
         found = _find_tensor(batch)
         if found is None:
             return None
@@ -65,8 +65,10 @@ class ItemsCounter:
         if tensor.dim() == 0:  # only 0-d tensors: walked again next time, a batch may differ
             self.first = False
             return 1
-        self.first = self.path == [0] and isinstance(batch, (tuple, list))
-        return int(tensor.shape[0])
+        # (the loader reads .shape inline, which a strided nested tensor does not have)
+        self.first = (self.path == [0] and isinstance(batch, (tuple, list))
+                      and not tensor.is_nested)
+        return int(tensor.size(0))
 
 
 def _records_at(batch: Any) -> Optional[List[Any]]:

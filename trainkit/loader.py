@@ -89,13 +89,15 @@ class PatchedLoader:
                         batch = next(it)
                 else:
                     batch = next(it)
-            except StopIteration:
+            except BaseException as exc:  # the pass's end, or the source raised (goes on as is)
                 s = _S._active
                 if s is not None:
                     if s._batch_pending and mine == s.step:
                         s.end_batch_step(t0, ev0)
                     s._batch_step = _enclosing(outer, s)  # what comes after the loop
-                return
+                if isinstance(exc, StopIteration):
+                    return
+                raise
             t1 = now()
             s = _S._active
             if s is not None:
@@ -163,6 +165,20 @@ class PatchedLoader:
             raise AttributeError(name)
         return getattr(self.source, name)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Set on the source, as unpatched: a loader reading ``self.epoch`` in ``__iter__``
+        # (``loader.epoch = e`` each epoch) kept its first epoch's order.
+        if name in _OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.source, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in _OWN:
+            object.__delattr__(self, name)
+        else:
+            delattr(self.source, name)
+
     def __repr__(self) -> str:
         return f"trainkit.patch({self.source!r})"
 
@@ -191,6 +207,7 @@ def _in_a_wait() -> bool:
 
 
 _INF = float("inf")
+_OWN = frozenset(("source", "original", "_dataloader"))  # the wrapper's own
 _NO_WORK = (BATCH_REC, GC_MS, GC_FULL)  # records that no loop body made: waits, collections
 
 

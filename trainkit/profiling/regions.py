@@ -218,6 +218,13 @@ def _check_decorated(name: str, fn: Any) -> None:
                         f"construction; decorate the method to time (e.g. its forward), or {fix}")
     if not callable(fn):
         raise TypeError(f"profile_region({name!r}) decorates a function, got {fn!r}")
+    torch = sys.modules.get("torch")  # a model exists only once torch is imported
+    if torch is not None and isinstance(fn, torch.nn.Module):
+        raise TypeError(f"profile_region({name!r}) decorates a function, got the model "
+                        f"{type(fn).__name__}(...): it would become a function calling it, "
+                        f"without its .parameters(), .to() or state_dict(); decorate the "
+                        f"method of its class (@tk.profile_region({name!r}) above "
+                        f"def forward), or {fix}")
     if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
         raise TypeError(f"profile_region({name!r}) decorates a plain function, got the async "
                         f"function {getattr(fn, '__qualname__', fn)!r}: a call only creates its "

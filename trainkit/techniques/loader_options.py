@@ -2,8 +2,10 @@
 
 A ``DataLoader`` cannot change these after construction, so when an override asks for a value
 other than the loader's, ``tk.patch`` builds an equivalent loader (same dataset, batches,
-sampler, collate_fn, worker settings) with the new values. ``pin_memory`` only matters when CUDA
-is available (without it torch warns and ignores it), so it is left as it is otherwise.
+sampler, collate_fn, worker settings) with the new values; of a DataLoader subclass, a copy with
+them (built again as a DataLoader, it would lose what the subclass adds). ``pin_memory`` only
+matters when CUDA is available (without it torch warns and ignores it), so it is left as it is
+otherwise.
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ def rebuild(loader: Any) -> Any:
     pin = bool(pin) if torch.cuda.is_available() else loader.pin_memory
     if workers == loader.num_workers and pin == loader.pin_memory:
         return loader
+    if type(loader) is not DataLoader:
+        return _resettled(loader, workers, pin)
     kwargs: dict = dict(
         num_workers=workers, pin_memory=pin, collate_fn=loader.collate_fn,
         timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
@@ -60,4 +64,21 @@ def rebuild(loader: Any) -> Any:
         # ...and a default sampler: the user's (a DistributedSampler, whose set_epoch they call
         # each epoch) is what the batch sampler draws from.
         object.__setattr__(new, "sampler", loader.sampler)
+    return new
+
+
+def _resettled(loader: Any, workers: int, pin: bool) -> Any:
+    """A copy of the DataLoader subclass ``loader`` with these settings. Built again as a
+    DataLoader it lost what the subclass adds (its own ``__iter__``, a StatefulDataLoader's
+    state), and its own ``__init__`` takes arguments of its own; a DataLoader reads these
+    settings at each ``iter()``, so the copy's are set in place (as DataLoader's checks want)."""
+    import copy
+
+    new = copy.copy(loader)
+    values = dict(num_workers=workers, pin_memory=pin,
+                  persistent_workers=loader.persistent_workers and workers > 0,
+                  prefetch_factor=(loader.prefetch_factor or 2) if workers > 0 else None,
+                  _iterator=None)  # persistent workers are the original's, not the copy's
+    for name, value in values.items():
+        object.__setattr__(new, name, value)  # DataLoader refuses persistent_workers after init
     return new

@@ -94,7 +94,8 @@ def _walk(obj: Any, device: Any, non_blocking: Optional[bool], acc: Optional[lis
             return seen[1]
         pinned = here.type == "cpu" and obj.is_pinned()
         nb = pinned if non_blocking is None else non_blocking
-        if here.type == "cpu":  # host to device: what h2d_* measure (not device to host)
+        # Host to device: what h2d_* measure (not device to host, nor "cpu" to "cpu:0", a copy)
+        if here.type == "cpu" and device.type != "cpu":
             nbytes = (obj.numel() * obj.element_size() if obj.layout is torch.strided
                       else _sparse_nbytes(obj))
             acc[0] += nbytes
