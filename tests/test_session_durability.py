@@ -188,3 +188,41 @@ def test_a_trace_that_cannot_be_written_at_the_close_never_replaces_the_users_er
                 (tmp_path / "run").write_text("x")  # where a file now stands
                 raise err
     assert info.value is err and info.value.__context__ is None  # before: FileNotFoundError
+
+
+def test_a_ctrl_c_just_before_the_close_holds_signals_leaves_the_session_to_the_exit(tmp_path):
+    """The close marked the session closed and inactive, then held the signals: a KeyboardInterrupt
+    between the two left it closed, inactive and never written (the exit closes only the active
+    session). Raised here by a tracer at the line that starts holding them."""
+    import inspect
+    import sys
+
+    from trainkit.session import Session
+
+    lines, first = inspect.getsourcelines(Session.close)
+    at = first + next(i for i, line in enumerate(lines) if "with _signals.held()" in line)
+    code = Session.close.__code__
+
+    def tracer(frame, event, arg):
+        if frame.f_code is not code:
+            return None
+
+        def local(frame, event, arg):
+            if event == "line" and frame.f_lineno == at:
+                sys.settrace(None)
+                frame.f_trace = None
+                raise KeyboardInterrupt
+            return local
+        return local
+
+    s = tk.session(logdir=tmp_path, system_metrics=False, flush_secs=60)
+    s.log("x", 1.0)
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            s.close()
+    finally:
+        sys.settrace(None)
+    assert not s.closed and tk.active() is s  # what the exit closes
+    s.close()
+    assert scalars(tmp_path)["x"] == [(1, 1.0)]

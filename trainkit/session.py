@@ -187,11 +187,14 @@ class Session:
             return
         if self._closed:
             return
-        self._closed = True
-        if _active is self:
-            _active = None
         try:
-            with _signals.held():  # a second Ctrl-C (or a SIGTERM) acts once all is written
+            # A second Ctrl-C (or a SIGTERM) acts once all is written. Marked closed only once
+            # they are held: one that came between the two left the session closed, inactive
+            # and never written (exit and SIGTERM close the active session only).
+            with _signals.held():
+                self._closed = True
+                if _active is self:
+                    _active = None
                 try:
                     self.end_batch_step(timing.now())  # a pass over a patched loader under way
                     if self._profiler is not None:
