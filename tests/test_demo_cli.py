@@ -54,8 +54,19 @@ def test_the_printed_tensorboard_command_is_quoted(tmp_path):
                              median_step_ms=1.0, samples_per_s=1.0, data_wait_share=0.0,
                              final_loss=1.0, accuracy=1.0)
     line = demo.summary_lines(result)["open"]
-    assert f"tensorboard --logdir '{tmp_path / 'my runs'}' " in line
+    assert f"tensorboard --logdir '{tmp_path / 'my runs' / 'demo-1'}' " in line
     assert str(result).startswith("1 optimizer step, ")
+
+
+@pytest.mark.parametrize("logdir, opens", [
+    ("/tmp/demo", "/tmp/demo"), ("demo", "demo"), ("runs/demo-20261123-181500", "runs"),
+    ("./runs/mine", "./runs")])
+def test_the_printed_command_opens_the_run_not_whatever_holds_it(logdir, opens):
+    """`--logdir /tmp/demo` printed `tensorboard --logdir /tmp`: TensorBoard then reads all of
+    /tmp (every few seconds), showing every other run there; `--logdir ~/demo`, all of home."""
+    result = demo.DemoResult(logdir=logdir, steps=1, median_step_ms=1.0, samples_per_s=1.0,
+                             data_wait_share=0.0, final_loss=1.0, accuracy=1.0)
+    assert f"Open it: tensorboard --logdir {opens} (" in demo.summary_lines(result)["open"]
 
 
 def test_a_train_size_beyond_memory_trains_in_a_few_mb(tmp_path):

@@ -15,6 +15,7 @@ import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
 from . import _usage
+from ._text import reader_gone
 
 # name -> (module with add_arguments(parser) and run(args) -> int, one-line help)
 _SUBCOMMANDS: Dict[str, Tuple[str, str]] = {
@@ -108,7 +109,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             return _usage.leave(said.getvalue())
         raise
     if args.command is None:  # the help, once under torchrun, and every rank exits 2
-        return _usage.leave(parser.format_help(), sys.stdout)
+        try:
+            return _usage.leave(parser.format_help(), sys.stdout)
+        except BrokenPipeError:  # `trainkit | head` whose reader went away first
+            reader_gone(sys.stdout)
+            return 2
     return int(_hooks(args.command)[1](args))
 
 

@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _env
+from ._text import reader_gone
 
 #: Bytes an image of the batch takes in one training step of the demo CNN on a CPU: activations
 #: kept for the backward pass, their gradients and the batch (measured: ~330 KB), with room.
@@ -319,16 +320,40 @@ def _progress(config: DemoConfig, rank: int = 0) -> Any:
                     TimeElapsedColumn(), console=Console(stderr=True), transient=False)
 
 
+def _to_open(logdir: str) -> str:
+    """The folder the printed ``tensorboard --logdir`` opens: the default ``runs`` beside the
+    run (every demo side by side), else the run itself: TensorBoard reads every folder under
+    its logdir, again every few seconds, and the parent of ``--logdir /tmp/demo`` is all of
+    /tmp (of ``--logdir ~/demo``, the home folder)."""
+    parent = os.path.dirname(logdir)
+    return parent if os.path.normpath(parent) == "runs" else logdir
+
+
+def _die_by_sigint() -> None:
+    """End the process by SIGINT (exit status 128 + 2 in a shell), as Python does for an uncaught
+    KeyboardInterrupt: a shell loop running the demo stops on it, where a plain exit 130 reads
+    as a command that handled the Ctrl-C itself. Only from the main thread of a POSIX process."""
+    import signal
+    import threading
+
+    if os.name != "posix" or threading.current_thread() is not threading.main_thread():
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
 def summary_lines(result: DemoResult) -> Dict[str, str]:
-    parent = os.path.dirname(result.logdir) or "."  # quoted: a path may hold spaces
-    if not result.ranks:
+    if not result.ranks:  # paths quoted: they may hold spaces
         return {
             "result": str(result),
             "run": f"TensorBoard run: {result.logdir}",
-            "open": f"Open it: tensorboard --logdir {shlex.quote(parent)} "
+            "open": f"Open it: tensorboard --logdir {shlex.quote(_to_open(result.logdir))} "
                     f"(then browse http://localhost:6006)",
         }
     runs = [r.logdir for r in result.ranks]
+    parent = os.path.dirname(result.logdir) or "."  # the --logdir the ranks' runs are under
     return {
         "result": "\n".join([f"{len(runs)} ranks, data-parallel (DDP) on "
                              + ("a GPU each" if result.device.startswith("cuda") else "the CPU")
@@ -345,8 +370,20 @@ def main(config: DemoConfig) -> int:
     """Run the demo and print its summary; 1 when no optimizer step finished in time.
 
     Under torchrun rank 0 prints every rank's summary and the other ranks print nothing.
+    Ctrl-C says where the steps recorded so far are (the session has written them), then ends
+    the process by SIGINT, as an uncaught KeyboardInterrupt does (a shell's loop stops on it),
+    without the traceback.
     """
-    result = run(config)
+    config = dataclasses.replace(config, logdir=config.logdir or default_logdir())
+    try:
+        result = run(config)
+    except KeyboardInterrupt:
+        if (_env.rank() or 0) == 0:
+            print(f"trainkit demo: interrupted; the steps recorded so far are in {config.logdir} "
+                  f"(open it: tensorboard --logdir {shlex.quote(_to_open(config.logdir))})",
+                  file=sys.stderr)
+        _die_by_sigint()
+        return 130  # where a process cannot end by its own SIGINT
     if result.rank not in (None, 0):
         return 1 if any(r.steps == 0 for r in result.ranks) else 0
     if result.steps == 0:
@@ -354,6 +391,10 @@ def main(config: DemoConfig) -> int:
               f"{config.max_seconds:g}, so there is no step time to report (the run is in "
               f"{result.logdir}); give it longer, e.g. --max-seconds 50", file=sys.stderr)
         return 1
-    for line in summary_lines(result).values():
-        print(line, file=sys.stdout)
+    try:
+        for line in summary_lines(result).values():
+            print(line, file=sys.stdout)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (`trainkit demo | head -1`): the run is done
+        reader_gone(sys.stdout)
     return 0

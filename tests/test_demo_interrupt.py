@@ -1,0 +1,56 @@
+"""``trainkit demo`` stopped by Ctrl-C, or read by a reader that went away: said, not a traceback."""
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from tests.test_switches_cli_import import REPO, _env
+from trainkit import demo
+from trainkit.profiling.runs import EVENTS_MARK, read_scalars
+
+
+def test_ctrl_c_keeps_the_run_says_where_and_dies_by_sigint(tmp_path):
+    """Ctrl-C in training printed a 30-line KeyboardInterrupt traceback and never said that the
+    steps so far were kept, nor where. The process still ends by SIGINT, as Python's own."""
+    logdir = tmp_path / "my runs" / "demo"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainkit", "demo", "--logdir", str(logdir), "--epochs", "1000",
+         "--no-progress"], env=dict(_env(), CUDA_VISIBLE_DEVICES=""), cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # a child of its own: SIGINT is not inherited ignored (a shell's background job)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 120
+        steps = []
+        while not steps and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            names = [n for n in os.listdir(logdir) if EVENTS_MARK in n] if logdir.is_dir() else []
+            steps = read_scalars(str(logdir), names).get("trainkit/step_time_ms", []) if names else []
+        assert steps, "the demo recorded no step in time"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGINT, (proc.returncode, err[-3000:])
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert f"trainkit demo: interrupted; the steps recorded so far are in {logdir}" in err
+    assert f"tensorboard --logdir '{logdir}')" in err
+    names = [n for n in os.listdir(logdir) if EVENTS_MARK in n]
+    assert len(read_scalars(str(logdir), names)["trainkit/step_time_ms"]) >= len(steps)
+
+
+class _Gone(io.StringIO):
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_reader_gone_ends_the_summary_quietly(tmp_path, monkeypatch, capsys):
+    """`trainkit demo | true`: BrokenPipeError traceback and exit 1 after a good run."""
+    config = demo.DemoConfig(logdir=str(tmp_path / "x"), epochs=1, train_size=64, val_size=64,
+                             progress=False)
+    monkeypatch.setattr(sys, "stdout", _Gone())
+    assert demo.main(config) == 0
