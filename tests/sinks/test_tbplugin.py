@@ -221,6 +221,16 @@ def test_a_trace_removed_after_its_listing_is_a_404_that_says_so(tmp_path):
     assert "cannot be read now" in json.loads(resp.data)["error"] and name in resp.get_data(True)
 
 
+def test_ablation_rows_that_are_not_objects_are_left_out_and_said(tmp_path):
+    """{"rows": [null, ...]}: the tab's table read the first row's keys, and a null one threw,
+    replacing the whole run's report with an error."""
+    rows = [None, {"technique": "amp", "ratio": 0.8}, 3]
+    shutil.copy(os.path.join(FIXTURES, "gpu_syncs.pt.trace.json"), tmp_path)
+    (tmp_path / "ablation.json").write_text(json.dumps({"rows": rows}))
+    assert TabData(str(tmp_path)).report(".")["ablation"] == {
+        "rows": [rows[1]], "message": "2 row(s) of ablation.json are not objects and are not shown"}
+
+
 def test_a_symlinked_run_is_listed_as_tensorboard_lists_it(tmp_path):
     """TensorBoard follows a run linked into the logdir; the tab left it out."""
     elsewhere = tmp_path / "elsewhere" / "exp"

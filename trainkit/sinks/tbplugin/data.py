@@ -41,7 +41,11 @@ def _ablation(folder: str) -> Dict[str, Any]:
     except (OSError, ValueError) as exc:
         return {"rows": [], "message": f"{ABLATION_FILE} cannot be read: {exc}"}
     rows = data.get("rows") if isinstance(data, dict) else data
-    return {"rows": rows if isinstance(rows, list) else [], "message": ""}
+    rows = rows if isinstance(rows, list) else []
+    kept = [row for row in rows if isinstance(row, dict)]  # the tab's table reads each as one
+    dropped = len(rows) - len(kept)
+    return {"rows": kept, "message": f"{dropped} row(s) of {ABLATION_FILE} are not objects and are "
+                                     f"not shown" if dropped else ""}
 
 
 def _spec_roots(logdir_spec: str) -> List[Tuple[str, Optional[str]]]:

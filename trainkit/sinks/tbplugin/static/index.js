@@ -68,10 +68,10 @@ function findings(list) {
 
 function ablation(a) {
   if (!a.rows.length) return el('p', {class: 'muted', id: 'ablation'}, a.message || 'no ablation recorded');
-  const cols = Object.keys(a.rows[0]);
-  const table = el('table', {id: 'ablation'}, el('tr', {}, ...cols.map((c) => el('th', {}, c))));
+  const cols = [...new Set(a.rows.flatMap((row) => Object.keys(row)))];  // rows may differ
+  const table = el('table', {}, el('tr', {}, ...cols.map((c) => el('th', {}, c))));
   for (const row of a.rows) table.append(el('tr', {}, ...cols.map((c) => el('td', {}, row[c] ?? ''))));
-  return table;
+  return el('div', {id: 'ablation'}, table, ...(a.message ? [el('p', {class: 'muted'}, a.message)] : []));
 }
 
 async function openInPerfetto(url, title) {
