@@ -60,6 +60,18 @@ def _check_tensor_betas(opt: Any, device: Any,
         f"(e.g. OneCycleLR(..., cycle_momentum=False)), or step this optimizer uncompiled")
 
 
+def _lr_shape(opt: Any, wide: bool) -> Tuple[int, ...]:
+    """The lr tensor's shape: one element either way (torch's steps squeeze it to a scalar).
+
+    SGD in float64 with more than one param group (its momentum on, say) failed its first compiled
+    step with a 0-d float64 lr (dynamo's ``SpeculationLogDivergence``, torch 2.14; raw
+    ``torch.compile`` with a 0-d float64 lr alike); a ``(1,)`` one compiles and stays exact.
+    """
+    import torch
+
+    return (1,) if wide and isinstance(opt, torch.optim.SGD) else ()
+
+
 class HyperTensors:
     """Persistent tensors standing in for one optimizer's scheduled Python hyper-parameters.
 
@@ -82,8 +94,12 @@ class HyperTensors:
         self._betas_moving: Dict[int, bool] = {}
         #: True after a call that switched some group's betas to tensors (one compile expected).
         self.expect_compile = False
+        self._momentum_seen: Dict[int, Any] = {}  # group -> SGD nesterov momentum last call
+        #: True once a nesterov SGD group's momentum moved: its compiled step is wrong (stale).
+        self.needs_eager = False
 
-    def _tensor(self, gi: int, key: str, value: float, device: Any, wide: bool = False) -> Any:
+    def _tensor(self, gi: int, key: str, value: float, device: Any, wide: bool = False,
+                shape: Tuple[int, ...] = ()) -> Any:
         import torch
 
         t = self._tensors.get((gi, key))
@@ -96,7 +112,7 @@ class HyperTensors:
             dtype = (torch.float64 if wide or (key.startswith("beta")
                                                and torch.device(device).type == "cpu")
                      else torch.float32)
-            t = self._tensors[(gi, key)] = torch.zeros((), dtype=dtype, device=device)
+            t = self._tensors[(gi, key)] = torch.zeros(shape, dtype=dtype, device=device)
         # A plain copy outside the graph (dynamo never sees the float), and only of a new value:
         # on a GPU each fill_ is a kernel launch, a step's worth of host time for a small model
         # (tk.compiled_step at 0.85x of raw torch.compile on an H100 with a fill_ every call).
@@ -123,6 +139,7 @@ class HyperTensors:
             return saved
         for gi, group in enumerate(opt.param_groups):
             params = group["params"]
+            self._watch_nesterov_momentum(opt, gi, group)
             device = params[0].device if params else "cpu"
             wide = bool(params) and params[0].dtype == torch.float64
             for key in self.KEYS:
@@ -130,7 +147,7 @@ class HyperTensors:
                 if key == "lr" and isinstance(value, (float, int)) and value.__class__ is not bool:
                     # An int too (SGD(..., lr=1)): a scheduler's first float for it (StepLR's
                     # 0.5) was a recompile after warm-up, the int a constant of the graph.
-                    new: Any = self._tensor(gi, "lr", value, device, wide)
+                    new: Any = self._tensor(gi, "lr", value, device, wide, _lr_shape(opt, wide))
                 elif (key == "betas" and isinstance(value, tuple) and len(value) == 2
                       and all(isinstance(b, float) for b in value)):
                     if not self._betas_moving.get(gi):
@@ -151,6 +168,24 @@ class HyperTensors:
                 saved.append((group, key, value))
                 group[key] = new
         return saved
+
+    def _watch_nesterov_momentum(self, opt: Any, gi: int, group: Dict[str, Any]) -> None:
+        """Note a moving ``momentum`` (OneCycleLR, CyclicLR) of a nesterov SGD group that steps
+        with torch's single-tensor loop (the CPU's default).
+
+        Once it moves dynamo makes it a dynamic float, and inductor's graph for that step reuses
+        a stale value (pytorch/pytorch#194976; torch 2.14: parameters 12-40% off eager's after
+        a few steps); specialised, every new value would be a recompile."""
+        import torch
+
+        if self.needs_eager or not isinstance(opt, torch.optim.SGD) or not group.get("nesterov") \
+                or group.get("foreach") or group.get("fused"):
+            return
+        value = group.get("momentum")
+        seen = self._momentum_seen.get(gi)
+        self._momentum_seen[gi] = value
+        if seen is not None and seen != value:
+            self.needs_eager = True
 
     @staticmethod
     def restore(saved: List[Tuple[Dict[str, Any], str, Any]]) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Iterator, Literal, Optional
+from typing import Any, Iterator, Literal, Optional, Tuple
 
 from .._text import brief
 from .._wrapped import inner_optimizer
@@ -38,6 +38,8 @@ from ..recorder import AMP_SCALE, AMP_SKIPPED
 Dtype = Literal["auto", "bf16", "fp16", "fp32"]
 #: GradScaler -> steps it skipped so far (inf/nan gradients), across autocast_scaled blocks.
 _skipped: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+#: GradScaler -> (updates amp.step made so far, a copy of its scale before the last one).
+_updates: "weakref.WeakKeyDictionary[Any, Tuple[int, Any]]" = weakref.WeakKeyDictionary()
 _DTYPES = ("auto", "bf16", "fp16", "fp32")
 
 
@@ -56,6 +58,7 @@ class Amp:
         self.scaler = scaler
         self.dtype = dtype
         self.device_type = device_type
+        self._backward_at: Optional[int] = None  # the scaler's updates at the last backward
 
     @property
     def skipped(self) -> int:
@@ -72,12 +75,16 @@ class Amp:
             amp.backward(loss)
         """
         warn_if_divided(loss)  # a second division by n inside tk.accumulate
+        if self._scaling():
+            self._backward_at = _updates.get(self.scaler, (0, None))[0]
         (self.scaler.scale(loss) if self._scaling() else loss).backward(**kwargs)
 
     def step(self, optimizer: Any, clip_grad_norm: Optional[float] = None) -> bool:
         """Unscale, clip (optional), step and update; False when the step was skipped (inf/nan).
 
         Inside ``tk.accumulate`` this only counts the micro-batch until the window's last one.
+        Several optimizers stepped on one ``amp.backward`` (``amp.step(o1); amp.step(o2)``) make
+        one GradScaler update, at the first, as torch's recipe does once after all steps.
 
         Args:
             optimizer: the optimizer to step.
@@ -120,8 +127,24 @@ class Amp:
         scaling = self._scaling()
         s = _active_session()
         step = None if s is None else s.step  # the records below belong to the step in progress
-        if scaling:
-            self.scaler.unscale_(optimizer)
+        # A second optimizer stepped on the same backward (`amp.step(o1); amp.step(o2)`): the
+        # first's update changed the scale its gradients were scaled by, so they are unscaled
+        # by the scale before it, and no second update is made (torch's recipe: one a backward).
+        count, before = _updates.get(self.scaler, (0, None)) if scaling else (0, None)
+        stale = before is not None and self._backward_at == count - 1
+        current = self.scaler._scale if stale else None
+        if stale:
+            self.scaler._scale = before
+        try:
+            if scaling:
+                self.scaler.unscale_(optimizer)
+            return self._unscaled_step(optimizer, clip, gate, s, step, scaling, current)
+        finally:
+            if stale:
+                self.scaler._scale = current
+
+    def _unscaled_step(self, optimizer: Any, clip: Optional[float], gate: Any, s: Any,
+                       step: Any, scaling: bool, current: Any) -> bool:
         if clip is not None:  # an FSDP1 model (an accumulate block's) clips through its own
             dp.clip_grad_norm(optimizer, clip, getattr(gate, "model", None))
         if not scaling:
@@ -135,7 +158,11 @@ class Amp:
         finally:
             if acc is not None:
                 acc._amp_stepping = False
-        self.scaler.update()
+        if current is None:  # else this backward's update was made: the scale is `current`
+            count = _updates.get(self.scaler, (0, None))[0]
+            before = self.scaler._scale.clone()  # no sync: a copy on the scale's device
+            self.scaler.update()
+            _updates[self.scaler] = (count + 1, before)
         if not stepped:
             _skipped[self.scaler] = self.skipped + 1
             # The LR scheduler's "lr_scheduler.step() before optimizer.step()" warning is about a
@@ -145,7 +172,7 @@ class Amp:
                 gate.end_window(stepped=False)  # the gate never saw this step
         if s is not None:
             step = _step_of(s, step, optimizer)
-            scale = self.scaler._scale
+            scale = self.scaler._scale if current is None else current
             s._buf.append((AMP_SKIPPED, step, float(self.skipped)))
             s._buf.append((AMP_SCALE, step,
                            timing.pending_copy(scale) if scale.is_cuda else float(scale.item())))

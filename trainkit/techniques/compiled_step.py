@@ -102,6 +102,22 @@ class _QuietOptimizerRecordFunction(logging.Filter):
 _QUIET = _QuietOptimizerRecordFunction()
 
 
+def _caller_level() -> int:
+    """The ``stacklevel`` of the user's ``step()`` call: past trainkit's frames, and torch's (an
+    LR scheduler's wrapper of ``optimizer.step``)."""
+    import os
+    import sys
+
+    import torch
+
+    skip = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+            os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+    frame, level = sys._getframe(2), 2  # the caller of the function that warns
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(skip):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 class _Compiled:
     """A compiled callable plus the hyper-parameter swap, compile timing and recompile watch."""
 
@@ -112,6 +128,8 @@ class _Compiled:
         for where in ("ctx_manager", "torch"):  # its logger (torch <= 2.6: ...variables.torch)
             logging.getLogger("torch._dynamo.variables." + where).addFilter(_QUIET)  # a set
         self.compiled = torch.compile(fn, mode=mode, fullgraph=fullgraph)
+        self.fn = fn  # run as it is where torch's compiled step would be wrong (_hyper)
+        self.eager = False
         self.optimizers = optimizers
         self.name = name
         self.calls = 0
@@ -145,7 +163,12 @@ class _Compiled:
                 hyper = self._hyper_for(opt)
                 saved.extend(hyper.swap_in())
                 expected = expected or hyper.expect_compile
-            out = self.compiled(*args, **kwargs)
+                if hyper.needs_eager and not self.eager:
+                    self._go_eager()
+            if self.eager:  # with the Python values: as an uncompiled step, bit for bit
+                HyperTensors.restore(saved)
+                saved = []
+            out = (self.fn if self.eager else self.compiled)(*args, **kwargs)
             put_back(held)
             return out
         finally:
@@ -155,6 +178,18 @@ class _Compiled:
             if frames1 != frames0:  # this call compiled: its time is compile time, not step time
                 self._compiled(time.perf_counter() - t0, fails1 > fails0, fails0,
                                expected=expected)
+
+    def _go_eager(self) -> None:
+        import torch
+
+        self.eager = True
+        warnings.warn(
+            f"trainkit.compiled_step({self.name}): an LR scheduler moves the momentum of this "
+            f"nesterov SGD (OneCycleLR, or CyclicLR with cycle_momentum=True), and torch's "
+            f"compiled SGD step then reuses a stale momentum (pytorch/pytorch#194976; torch "
+            f"{torch.__version__}): the step runs eagerly from here, equal to an "
+            f"uncompiled one. To keep it compiled: SGD(..., foreach=True), or "
+            f"OneCycleLR(..., cycle_momentum=False)", RuntimeWarning, stacklevel=_caller_level())
 
     def _compiled(self, seconds: float, recompiled: bool, fails0: int, *,
                   expected: bool = False) -> None:

@@ -1,0 +1,67 @@
+"""tk.compiled_step on SGD under OneCycleLR, which cycles its momentum (one compile each)."""
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any, Callable
+
+import pytest
+import torch
+
+import trainkit as tk
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> Any:
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _eager_and_compiled(make: Callable[[Any], Any], dtype: Any, steps: int = 6) -> tuple:
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(),
+                                torch.nn.Linear(8, 3)).to(dtype)
+    model = copy.deepcopy(eager)
+    ref_opt, opt = make(eager), tk.patch(make(model), compile=True)
+    scheds = [torch.optim.lr_scheduler.OneCycleLR(o, max_lr=[g["lr"] for g in o.param_groups],
+                                                  total_steps=2 * steps) for o in (ref_opt, opt)]
+    x = torch.randn(10, 6, dtype=dtype)
+    for _ in range(steps):
+        for m, o, s in ((eager, ref_opt, scheds[0]), (model, opt, scheds[1])):
+            m(x).pow(2).mean().backward()
+            o.step()
+            o.zero_grad()
+            s.step()
+    momenta = [[g["momentum"] for g in o.param_groups] for o in (opt, ref_opt)]
+    assert momenta[0] == momenta[1]
+    return model, eager, opt
+
+
+def test_float64_sgd_momentum_with_two_param_groups_compiles_and_equals_eager() -> None:
+    # Its first compiled step raised dynamo's SpeculationLogDivergence (a 0-d float64 lr tensor)
+    def make(m: Any) -> Any:
+        return torch.optim.SGD([{"params": m[0].parameters()},
+                                {"params": m[2].parameters(), "lr": 0.02}],
+                               lr=0.1, momentum=0.9, weight_decay=1e-3)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a late recompile warns
+        model, eager, opt = _eager_and_compiled(make, torch.float64)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=0)
+    assert all(type(g["lr"]) is float for g in opt.param_groups)
+    assert opt.__dict__["_trainkit_patch"].core.trainkit_compiled.recompiles == 0
+
+
+def test_nesterov_sgd_whose_momentum_moves_steps_as_eager_and_says_so() -> None:
+    # torch's compiled nesterov step reused a stale momentum: parameters 12% off eager's
+    def make(m: Any) -> Any:
+        return torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+
+    with pytest.warns(RuntimeWarning, match=r"194976.*runs eagerly") as rec:
+        model, eager, opt = _eager_and_compiled(make, torch.float32)
+    assert len([w for w in rec if "compiled_step" in str(w.message)]) == 1
+    assert rec[0].filename == __file__  # said at the user's step() call
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
