@@ -146,7 +146,13 @@ async function showRun(root, run, quiet = false) {
 export async function render() {
   document.head.append(el('style', {}, CSS));
   const root = el('div', {id: 'report'});
-  const runs = await getJson('./runs');
+  let runs;
+  try {
+    runs = await getJson('./runs');
+  } catch (err) {  // a server error: said, not a blank tab
+    document.body.append(el('p', {class: 'high'}, 'trainkit runs cannot be listed: ' + String(err)));
+    return;
+  }
   if (!runs.length) {
     document.body.append(el('p', {}, 'No trainkit runs in this logdir: record one with tk.session(logdir=...).'));
     return;
