@@ -12,14 +12,14 @@ from typing import Any
 
 from . import timing
 from ._text import brief
-from .recorder import PREFIX
+from .recorder import OWN_TAGS, PREFIX
 
 
 def check_log_name(name: Any) -> None:
     """Refuse a name that is no str, is empty, or is one of trainkit's own tags."""
     if type(name) is not str or not name:
         raise TypeError(f"log(name={name!r}): name must be a non-empty str, e.g. s.log('loss', loss)")
-    if name.startswith(PREFIX) or name.startswith("\0"):
+    if name.startswith(OWN_TAGS):
         other = "my/" + name[len(PREFIX):] if name.startswith(PREFIX) else name.lstrip("\0")
         raise ValueError(f"log(name={name!r}): names under {PREFIX!r} (and names starting with a "
                          f"NUL) are trainkit's own tags, which a value logged under them would "

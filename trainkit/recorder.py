@@ -21,6 +21,8 @@ from .sinks import tensorboard as _tb
 from .sinks.tensorboard import EventFileWriter
 
 PREFIX = "trainkit/"
+#: the starts of trainkit's own tags, which s.log refuses (a value logged there would corrupt them)
+OWN_TAGS = (PREFIX, "\0")
 STEP_TIME = PREFIX + "step_time_ms"
 DATA_WAIT = PREFIX + "data_wait_ms"
 SAMPLES_PER_S = PREFIX + "samples_per_s"
@@ -307,7 +309,7 @@ class Recorder:
         for step in ahead:
             tags = opened[step]
             if not held.isdisjoint(tags) or (step <= near and any(
-                    map(operator.methodcaller("startswith", _OWN), tags))):
+                    map(operator.methodcaller("startswith", OWN_TAGS), tags))):
                 held.update(tags)
                 continue
             combined = _combine_step(tags, False)
@@ -351,7 +353,6 @@ class Recorder:
 
 
 _NUMBER = (int, float)
-_OWN = (PREFIX, "\0")  # trainkit's own tags (s.log refuses them): not the user's values
 _is_float = functools.partial(operator.is_, float)  # of a type: a C call, not a Python frame
 #: A flush writes a completed step early, mid-pass, once a record this many steps later shows up.
 _BEHIND = 8

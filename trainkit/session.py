@@ -21,7 +21,7 @@ from ._logvalues import check_log_name, to_scalar
 from ._session_args import MAX_STEP, check_session_args
 from ._text import brief
 from .profiling.schedule import check_session_profile
-from .recorder import PREFIX, STEP_END, STEP_TIME, Recorder
+from .recorder import OWN_TAGS, STEP_END, STEP_TIME, Recorder
 
 _active: Optional["Session"] = None
 
@@ -371,7 +371,7 @@ class _ClosedBuffer:
 
     def append(self, record: Any) -> None:
         tag = record[0]
-        if tag.__class__ is str and tag.startswith(_OWN_TAGS):
+        if tag.__class__ is str and tag.startswith(OWN_TAGS):
             # A technique's record of a call under way when another thread (or a signal
             # handler) closed the session: no session's any more. Raised, it failed the user's
             # optimizer.step() after the step was taken, blaming a log('\x00step', ...).
@@ -381,8 +381,6 @@ class _ClosedBuffer:
                            f"or start a new session")
 
 
-#: trainkit's own tags, which s.log refuses (trainkit._logvalues.check_log_name)
-_OWN_TAGS = (PREFIX, "\0")
 _start_lock = threading.RLock()
 
 
