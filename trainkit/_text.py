@@ -28,6 +28,16 @@ def brief(obj: Any, width: int = 80) -> str:
     return first
 
 
+def write_out(out: TextIO, text: str) -> None:
+    """Write ``text`` to ``out`` and flush it; a reader that went away first (``trainkit lint
+    src/ | head``) ends the output there, quietly (:func:`reader_gone`)."""
+    try:
+        out.write(text)
+        out.flush()
+    except BrokenPipeError:
+        reader_gone(out)
+
+
 def reader_gone(out: TextIO) -> None:
     """After a ``BrokenPipeError`` on ``out`` (``trainkit lint src/ | head``): point its file
     descriptor at the null device, so that nothing more goes there and Python's own flush at exit

@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _env
-from ._text import reader_gone
+from ._text import write_out
 
 #: Bytes an image of the batch takes in one training step of the demo CNN on a CPU: activations
 #: kept for the backward pass, their gradients and the batch (measured: ~330 KB), with room.
@@ -391,10 +391,6 @@ def main(config: DemoConfig) -> int:
               f"{config.max_seconds:g}, so there is no step time to report (the run is in "
               f"{result.logdir}); give it longer, e.g. --max-seconds 50", file=sys.stderr)
         return 1
-    try:
-        for line in summary_lines(result).values():
-            print(line, file=sys.stdout)
-        sys.stdout.flush()
-    except BrokenPipeError:  # the reader went away (`trainkit demo | head -1`): the run is done
-        reader_gone(sys.stdout)
+    # `trainkit demo | head -1`: the reader may go away first; the run is done all the same
+    write_out(sys.stdout, "".join(line + "\n" for line in summary_lines(result).values()))
     return 0

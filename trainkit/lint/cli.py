@@ -11,7 +11,7 @@ import sys
 from typing import Callable, FrozenSet, List, Literal, Optional, Sequence, Set
 
 from trainkit.lint import _api
-from trainkit._text import reader_gone
+from trainkit._text import write_out
 from trainkit.lint._registry import Finding, LintError
 
 Format = Literal["text", "json"]
@@ -55,16 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _print_findings(findings: List[Finding], fmt: Format) -> None:
     """The findings on stdout, flushed; a reader that stops early (``| head``) ends the output."""
-    try:
-        if fmt == "json":
-            json.dump([f.to_dict() for f in findings], sys.stdout, indent=2)
-            sys.stdout.write("\n")
-        else:
-            for finding in findings:
-                print(finding.format())
-        sys.stdout.flush()
-    except BrokenPipeError:
-        reader_gone(sys.stdout)
+    if fmt == "json":
+        text = json.dumps([f.to_dict() for f in findings], indent=2) + "\n"
+    else:
+        text = "".join(finding.format() + "\n" for finding in findings)
+    write_out(sys.stdout, text)
 
 
 def _print_text(findings: List[Finding], checked: int, unparsed: int = 0, unread: int = 0) -> None:

@@ -11,7 +11,7 @@ import sys
 import warnings
 from typing import List, Optional, Sequence, TextIO
 
-from .._text import reader_gone
+from .._text import write_out
 from .finding import Finding
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
@@ -68,11 +68,7 @@ def run(args: argparse.Namespace, *, out: Optional[TextIO] = None,
         text = json.dumps([f.to_dict() for f in found], indent=2) + "\n"
     else:
         text = render(found)
-    try:
-        out.write(text)
-        out.flush()
-    except BrokenPipeError:  # the reader went away (`trainkit analyze runs | head`): stop there
-        reader_gone(out)
+    write_out(out, text)  # `trainkit analyze runs | head`: the reader may go away first
     return EXIT_FINDINGS if found else EXIT_OK
 
 
