@@ -3,8 +3,9 @@
 ``.item()``, ``.cpu()``, ``.tolist()``, ``.numpy(force=True)`` and printing a tensor make
 the CPU wait for the GPU to finish everything queued so far, so the GPU idles
 while the CPU prepares the next step. A bare ``.numpy()`` is not one: it refuses a GPU tensor, so
-where it runs the tensor is on the host already (``.cpu().numpy()`` is reported at the ``.cpu()``). Once every N steps for logging is fine, and so is once per
-update of accelerate's accumulation (``if accelerator.sync_gradients:``) or on a non-finite loss.
+where it runs the tensor is on the host already (``.cpu().numpy()`` is reported at the ``.cpu()``).
+Once every N steps for logging is fine, and so is once per update of accelerate's accumulation
+(``if accelerator.sync_gradients:``) or on a non-finite loss.
 """
 from __future__ import annotations
 
