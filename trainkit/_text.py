@@ -1,8 +1,12 @@
-"""Text for error messages, and output to a reader that went away."""
+"""Text for error messages and warnings (and where a warning points), and output to a reader
+that went away."""
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, TextIO
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def brief(obj: Any, width: int = 80) -> str:
@@ -57,3 +61,19 @@ def reader_gone(out: TextIO) -> None:
         os.close(devnull)
     except (AttributeError, OSError, ValueError):  # no file descriptor (a StringIO)
         pass
+
+
+def user_stacklevel(*also: str) -> int:
+    """The ``stacklevel`` for a warning issued by the caller of this function that points at the
+    first frame outside trainkit (and outside the folders in ``also``, e.g. torch's): the user's
+    ``with`` block or ``step()`` call, not trainkit's own line.
+
+    Example::
+
+        warnings.warn(message, UserWarning, stacklevel=user_stacklevel())
+    """
+    skip = (_PACKAGE,) + also
+    frame, level = sys._getframe(2), 2  # the caller of the function that warns
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(skip):
+        frame, level = frame.f_back, level + 1
+    return level

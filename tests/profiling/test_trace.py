@@ -254,8 +254,11 @@ def test_a_cycle_ending_after_the_run_folder_went_is_no_error_in_the_step(tmp_pa
                 if then == "a file":
                     logdir.write_text("not a folder")
             with pytest.warns(UserWarning, match=r"profiler trace .* could not be written") \
-                    if then == "a file" and i == 3 else contextlib.nullcontext():
+                    if then == "a file" and i == 3 else contextlib.nullcontext() as said:
                 opt.step()  # the first cycle ends in this one
+            if said is not None:  # it points at this step() call, not into torch's profiler
+                assert [w.filename for w in said if "could not be written" in str(w.message)] \
+                    == [__file__]
             opt.zero_grad()
     if then == "removed":
         assert len(_traces(logdir)) == 2  # both cycles written

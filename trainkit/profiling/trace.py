@@ -25,6 +25,7 @@ import sys
 import warnings
 from typing import Any, Callable, List, Optional
 
+from .._text import user_stacklevel
 from .regions import profiler_check, profiler_enabled
 
 #: The suffixes of a trace file, plain or gzip-compressed.
@@ -65,15 +66,13 @@ def check_no_profiler(schedule: Any) -> None:
             f"the session starts")
 
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
 def _warn(message: str) -> None:
-    """A UserWarning pointing at the first line outside trainkit (the user's step or ``with``)."""
-    level, frame = 2, sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
-        level, frame = level + 1, frame.f_back
-    warnings.warn(message, UserWarning, stacklevel=level)
+    """A UserWarning pointing at the first line outside trainkit and torch (the user's step or
+    ``with``; the profiler calls its trace handler from its own step)."""
+    import torch
+
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    warnings.warn(message, UserWarning, stacklevel=user_stacklevel(torch_dir))
 
 
 _profile_class: Any = None

@@ -26,7 +26,7 @@ import weakref
 from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, overload
 
 from ..session import active as _active_session  # the module name is rebound by __init__
-from .._text import brief
+from .._text import brief, user_stacklevel
 from .._optcalls import gone, rebind, unbind, uncounted
 from ..recorder import COMPILE_RECOMPILES, COMPILE_SECONDS
 from ._hyper import HyperTensors
@@ -106,16 +106,10 @@ def _caller_level() -> int:
     """The ``stacklevel`` of the user's ``step()`` call: past trainkit's frames, and torch's (an
     LR scheduler's wrapper of ``optimizer.step``)."""
     import os
-    import sys
 
     import torch
 
-    skip = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
-            os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
-    frame, level = sys._getframe(2), 2  # the caller of the function that warns
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(skip):
-        frame, level = frame.f_back, level + 1
-    return level
+    return user_stacklevel(os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
 
 
 class _Compiled:

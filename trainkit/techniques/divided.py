@@ -14,6 +14,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from .._text import user_stacklevel
 from .accumulate import _open
 
 
@@ -64,16 +65,4 @@ def check_micro_batch(acc: Any) -> None:
             f"the loss is divided by {acc.n} inside tk.accumulate({acc.n}, ...), which already "
             f"divides the gradients by the micro-batches in each window: the update is {acc.n}x "
             f"too small. Drop the division (pass the plain per-micro-batch mean loss)",
-            UserWarning, stacklevel=_user_frame())
-
-
-def _user_frame() -> int:
-    """The ``stacklevel`` of the first frame outside trainkit (the user's ``step()`` call)."""
-    import os
-    import sys
-
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-    frame, level = sys._getframe(2), 2  # the caller of check_micro_batch
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
-        frame, level = frame.f_back, level + 1
-    return level
+            UserWarning, stacklevel=user_stacklevel())
