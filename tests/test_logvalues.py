@@ -23,7 +23,8 @@ def test_decimal_and_fraction_are_logged_as_floats():
 
 
 def test_decimal_through_s_log_and_complex_still_refused(tmp_path):
-    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+    with pytest.warns(RuntimeWarning, match="'d' logged 2 times"), \
+            tk.session(logdir=tmp_path, system_metrics=False) as s:
         s.log("d", decimal.Decimal("1.5"))
         s.log("d", decimal.Decimal("1.5"))  # a name seen before: the same path
         s.log("q", fractions.Fraction(3, 4))

@@ -55,7 +55,8 @@ def test_two_threads_starting_a_session_at_once_get_one(tmp_path):
 def test_a_forked_child_starts_a_session_of_its_own(tmp_path):
     # A fork while the parent records (a sweep's worker pool): the inherited session is the
     # parent's, not the child's to close or to be blocked by.
-    with tk.session(logdir=tmp_path / "parent", system_metrics=False) as s:
+    with pytest.warns(RuntimeWarning, match="'a' logged 2 times"), \
+            tk.session(logdir=tmp_path / "parent", system_metrics=False) as s:
         s.log("a", 1.0)
         pid = os.fork()
         if pid == 0:  # the child

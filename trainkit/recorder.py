@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any, Callable, Deque, Dict, List, Optional
 
-from . import _env, timing
+from . import _env, _unstepped, timing
 from .sinks import tensorboard as _tb
 from .sinks.tensorboard import EventFileWriter
 
@@ -113,6 +113,9 @@ class Recorder:
         self._next_sample = 0.0
         self._completed_at_last_wake = -1
         self._done0 = completed()  # steps done before this session
+        #: of the session's first step, while none is counted: tag -> values written ahead
+        #: (trainkit._unstepped), and at the close, every value it got if none was counted
+        self.unstepped: Dict[str, int] = {}
         self._open: Dict[int, Dict[str, Any]] = {}  # step -> tag -> value, or a list of them
         self._lock = threading.RLock()  # re-entrant: a SIGTERM handler may flush mid-flush
         self._wake = threading.Event()
@@ -317,6 +320,8 @@ class Recorder:
                 held.update(tags)
                 continue
             del opened[step]
+            if step == self._done0 + 1 and after < near:  # no step counted yet: said at close
+                _unstepped.add(self.unstepped, tags)
             end = combined.get(STEP_END)
             wall = time.time() if end is None else self._wall0 + (end - self._perf0)
             self.writer.write_scalars(step=step, values=derive(combined), wall_time=wall)
@@ -331,6 +336,11 @@ class Recorder:
             # flush_secs=1e10 made it raise OverflowError (over the user's error), unwritten
             self._thread.join(timeout=min(max(5.0, self.flush_secs * 2), threading.TIMEOUT_MAX))
         with self._lock:
+            first = self._done0 + 1
+            if self.completed() == self._done0:  # no step counted: what its one step holds
+                self.unstepped = _unstepped.tally(self.unstepped, first, self._open, self.buf)
+            else:
+                self.unstepped = {}
             try:
                 if self.failed is None:
                     self.flush(final=True)

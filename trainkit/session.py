@@ -15,11 +15,11 @@ import threading
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from . import _compiled, _env, _signals, timing
+from . import _compiled, _env, _signals, _unstepped, timing
 from ._logdir import check_logdir as _check_logdir, default_logdir as _default_logdir
 from ._logvalues import check_log_name, to_scalar
 from ._session_args import MAX_STEP, check_session_args
-from ._text import brief
+from ._text import brief, user_stacklevel
 from .profiling.schedule import check_session_profile
 from .recorder import OWN_TAGS, STEP_END, STEP_TIME, Recorder
 
@@ -220,6 +220,9 @@ class Session:
                             self._recorder.close()
         finally:
             _signals.release()
+        said = _unstepped.message(self._recorder.unstepped, self._recorder._done0 + 1)
+        if said is not None:
+            warnings.warn(said, RuntimeWarning, stacklevel=user_stacklevel())
 
     def _record_optimizers(self) -> None:
         """The optimizers patched at the end, and whether each stepped here (for TA110)."""

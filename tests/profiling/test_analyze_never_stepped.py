@@ -5,7 +5,9 @@ of asking whether the optimizer is patched."""
 from __future__ import annotations
 
 import json
+import warnings
 
+import pytest
 import torch
 
 import trainkit as tk
@@ -16,14 +18,19 @@ def _rl_run(logdir, warm_after):
     model = torch.nn.Linear(4, 2)
     opt = tk.patch(torch.optim.Adam(model.parameters(), lr=1e-3))
     buffer = []
-    with tk.session(logdir=logdir, system_metrics=False) as s:
-        for t in range(1, 13):
-            buffer.append(torch.randn(4))
-            if len(buffer) >= warm_after and t % 4 == 0:  # learn every 4 env steps once warm
-                model(torch.stack(buffer[-4:])).sum().backward()
-                opt.step()
-                opt.zero_grad()
-            s.log("reward", float(t))
+    # Never warm: no step, and the close says so (its rewards all went under step 1).
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with tk.session(logdir=logdir, system_metrics=False) as s:
+            for t in range(1, 13):
+                buffer.append(torch.randn(4))
+                if len(buffer) >= warm_after and t % 4 == 0:  # learn every 4 env steps once warm
+                    model(torch.stack(buffer[-4:])).sum().backward()
+                    opt.step()
+                    opt.zero_grad()
+                s.log("reward", float(t))
+    unstepped = ["counted no step" in str(w.message) for w in said]
+    assert unstepped == ([True] if warm_after > 12 else []), [str(w.message) for w in said]
     return opt
 
 
@@ -58,7 +65,8 @@ def test_an_optimizer_that_stepped_in_an_earlier_session_is_not_this_ones(tmp_pa
             first.step()
             first.zero_grad()
     second = torch.optim.SGD(model.parameters(), lr=0.01)  # not patched
-    with tk.session(logdir=tmp_path / "phase2", system_metrics=False) as s:
+    with pytest.warns(RuntimeWarning, match="counted no step"), \
+            tk.session(logdir=tmp_path / "phase2", system_metrics=False) as s:
         for _ in range(3):
             model(torch.randn(2, 4)).sum().backward()
             second.step()
