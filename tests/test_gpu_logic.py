@@ -345,7 +345,7 @@ def test_each_event_is_given_back_once_and_never_touched_after(tmp_path, cuda, m
 
     model = mlp()
     g, d, h = (torch.optim.SGD(model.parameters(), lr=0.1) for _ in range(3))
-    with tk.session(logdir=tmp_path, system_metrics=False, log_every=2, flush_secs=0.01) as s:
+    with tk.session(logdir=tmp_path, system_metrics=False, log_every=2, flush_secs=0.05) as s:
         with torch.no_grad():  # an evaluation first: batches are steps
             loop([])
         for opt, device in ((g, 1), (d, 0), (h, 1)):
@@ -385,7 +385,7 @@ def test_a_sticky_cuda_error_stops_neither_the_writer_nor_the_steps_it_writes(tm
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(Failed):
-            with tk.session(logdir=tmp_path, system_metrics=False, flush_secs=0.02) as s:
+            with tk.session(logdir=tmp_path, system_metrics=False, flush_secs=0.05) as s:
                 tk.patch(opt)
                 on_device(opt, 0)
                 for i, (x, y) in enumerate(tk.patch(batches(6))):

@@ -101,6 +101,9 @@ def test_logdir_that_cannot_be_created_is_refused(tmp_path):
     ({"log_every": 0}, ValueError, "log_every=0"),
     ({"flush_secs": -1}, ValueError, "flush_secs=-1"),
     ({"flush_secs": float("nan")}, ValueError, "flush_secs=nan"),
+    # the writer would run all the time, the training waiting for the GIL (the floor: 0.05 s)
+    ({"flush_secs": 1e-3}, ValueError, r"flush_secs=0.001\): at least 0.05 s.*flush_secs=0.5"),
+    ({"flush_secs": 0.049}, ValueError, r"flush_secs=0.049\): at least 0.05 s"),
     ({"system_metrics": "yes"}, TypeError, "system_metrics='yes'"),
     ({"profile": {"wait": 1}}, TypeError, "ProfileSchedule"),
     ({"steps_done": -1}, ValueError, r"steps_done=-1\): .*steps_done=checkpoint\['step'\]"),

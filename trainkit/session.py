@@ -416,7 +416,8 @@ def session(logdir: Optional[Union[str, "os.PathLike[str]"]] = None, *, profile:
             Under torchrun each rank writes ``<logdir>/rank<N>``.
         profile: a :class:`trainkit.ProfileSchedule` to record torch.profiler traces, or None.
         log_every: wake the writer every this many steps (it also wakes every ``flush_secs``).
-        flush_secs: at most this many seconds of records are lost if the process is SIGKILLed.
+        flush_secs: at most this many seconds of records are lost if the process is SIGKILLed
+            (at least 0.05: each write takes the GIL from the training loop).
         system_metrics: sample CPU load, RSS and peak memory (off the hot path).
         steps_done: optimizer steps the run did before this session: for a run resumed from a
             checkpoint, the step count saved in it. Steps are numbered on from there, into the
