@@ -145,3 +145,21 @@ def test_accumulated_batches_add_up_within_a_step(tmp_path):
     assert [st for st, _ in got["trainkit/step_time_ms"]] == [1, 2]
     for (_, sps), (_, ms) in zip(got["trainkit/samples_per_s"], got["trainkit/step_time_ms"]):
         assert sps == pytest.approx(32 / (ms / 1e3), rel=1e-4)
+
+
+def test_items_of_packed_sequences_are_the_sequences(tmp_path):
+    # An RNN's batch, (PackedSequence, labels): its data's first dimension is the time steps of
+    # all the sequences (3 + 5 + 2 = 10 here), and samples/s counted those, not the 3 sequences.
+    def packed(lengths):
+        seqs = [torch.ones(n, 4) for n in lengths]
+        return torch.nn.utils.rnn.pack_sequence(seqs, enforce_sorted=False)
+
+    batches = [(packed([3, 5, 2]), torch.zeros(3)), (packed([4, 4]), torch.zeros(2)),
+               {"x": packed([1, 2, 3, 4]), "y": torch.zeros(4)}]
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        for _ in tk.patch(batches):
+            time.sleep(0.002)
+    got = scalars(tmp_path)
+    steps = dict(got["trainkit/step_time_ms"])
+    items = {st: round(v * steps[st] / 1e3) for st, v in got["trainkit/samples_per_s"]}
+    assert items == {1: 3, 2: 2, 3: 4}

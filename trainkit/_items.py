@@ -10,7 +10,8 @@ from typing import Any, Iterator, List, Optional, Tuple
 class ItemsCounter:
     """``counter(batch)``: the items in a batch (the first dimension of its first tensor that has
     one, in tuples, lists, mappings and dataclasses; 1 for a batch of 0-d tensors only) or None
-    for a batch without tensors.
+    for a batch without tensors. A ``PackedSequence`` counts its sequences (``batch_sizes[0]``),
+    not the time steps of all of them that its data's first dimension holds.
 
     A 0-d tensor (a step index, a scalar target) is no count of items, so it is passed over.
     A batch of per-sample records, not collated into tensors, is counted by its records: a list
@@ -58,10 +59,15 @@ class ItemsCounter:
                 node = None
             if isinstance(node, self.tensor) and node.dim() > 0:
                 return int(node.size(0))  # a strided nested tensor has no .shape
+            if isinstance(node, _packed()):
+                return _sequences(node)
         found = _find_tensor(batch)
         if found is None:
             return None
         self.path, tensor = found
+        if isinstance(tensor, _packed()):
+            self.first = False
+            return _sequences(tensor)
         if tensor.dim() == 0:  # only 0-d tensors: walked again next time, a batch may differ
             self.first = False
             return 1
@@ -97,12 +103,25 @@ def _is_records(seq: Any, least: int) -> bool:
     return all(isinstance(r, Mapping) and set(r) == keys for r in seq)
 
 
+def _packed() -> type:
+    import torch
+
+    return torch.nn.utils.rnn.PackedSequence
+
+
+def _sequences(packed: Any) -> int:
+    """The sequences in a ``PackedSequence``: its first time step holds one item of each."""
+    sizes = packed.batch_sizes
+    return int(sizes[0]) if sizes.numel() else 0
+
+
 def _find_tensor(batch: Any) -> Optional[Tuple[List[Any], Any]]:
-    """The path to, and the tensor of, the first tensor in ``batch`` with a dimension, else of
-    its first 0-d tensor; None when it holds no tensor."""
+    """The path to, and the tensor of, the first tensor in ``batch`` with a dimension (or
+    ``PackedSequence``), else of its first 0-d tensor; None when it holds no tensor."""
     zero_d = None
+    packed = _packed()
     for path, tensor in _tensors(batch, []):
-        if tensor.dim() > 0:
+        if isinstance(tensor, packed) or tensor.dim() > 0:
             return path, tensor
         if zero_d is None:
             zero_d = path, tensor
@@ -116,7 +135,7 @@ class _Field(str):
 def _tensors(obj: Any, path: List[Any]) -> Iterator[Tuple[List[Any], Any]]:
     import torch
 
-    if isinstance(obj, torch.Tensor):
+    if isinstance(obj, (torch.Tensor, torch.nn.utils.rnn.PackedSequence)):  # (a tuple subclass)
         yield path, obj
         return
     items: Any = ()
