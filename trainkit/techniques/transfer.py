@@ -18,6 +18,7 @@ from .. import timing
 from ..profiling import regions
 from ..profiling.regions import profiler_enabled, record_function
 from ..recorder import H2D_BYTES, H2D_MS, H2D_PINNED_BYTES
+from ._transfer_own import move_itself, tensor_nbytes
 
 
 def _device(device: Any) -> Any:
@@ -96,8 +97,7 @@ def _walk(obj: Any, device: Any, non_blocking: Optional[bool], acc: Optional[lis
         nb = pinned if non_blocking is None else non_blocking
         # Host to device: what h2d_* measure (not device to host, nor "cpu" to "cpu:0", a copy)
         if here.type == "cpu" and device.type != "cpu":
-            nbytes = (obj.numel() * obj.element_size() if obj.layout is torch.strided
-                      else _sparse_nbytes(obj))
+            nbytes = tensor_nbytes(obj)
             acc[0] += nbytes
             if pinned:
                 acc[1] += nbytes
@@ -124,6 +124,9 @@ def _walk(obj: Any, device: Any, non_blocking: Optional[bool], acc: Optional[lis
             return type(obj)(items)  # a list subclass keeps its type
         except Exception:  # one built otherwise: its items as a list
             return items
+    if isinstance(obj, Mapping) and not isinstance(obj, (dict, collections.UserDict)) \
+            and callable(getattr(type(obj), "to", None)):
+        return _move_itself(obj, device, non_blocking, acc, moved)  # a TensorDict: built otherwise
     if isinstance(obj, Mapping):  # dicts, and the like (a UserDict, e.g. a tokenizer's batch)
         values = {k: _walk(v, device, non_blocking, acc, moved) for k, v in obj.items()}
         if type(obj) is dict:
@@ -142,27 +145,18 @@ def _walk(obj: Any, device: Any, non_blocking: Optional[bool], acc: Optional[lis
     if isinstance(obj, (int, float, complex, str, bytes, type(None))):
         return obj  # the usual leaves, before hasattr(cls, ...), which dynamo (torch 2.3) fails on
     cls = type(obj)
-    # A dataclass instance (not a dataclass itself, whose type is type); one with a .to() of its
-    # own is left as it is, as any other object with one: what it moves is its business.
-    if hasattr(cls, "__dataclass_fields__") and not callable(getattr(cls, "to", None)):
+    if isinstance(obj, type):
+        return obj  # a class (a dataclass itself, a tensor type) is no batch
+    if callable(getattr(cls, "to", None)):
+        # One with a .to() of its own (a PyTorch Geometric graph, a TensorDict) moves itself:
+        # what it moves is its business. It was returned where it was, without a word (a model
+        # in a batch still is: moving it in place would be a side effect nobody asked for).
+        if isinstance(obj, torch.nn.Module):
+            return obj
+        return _move_itself(obj, device, non_blocking, acc, moved)
+    if hasattr(cls, "__dataclass_fields__"):  # a dataclass instance
         return _walk_dataclass(obj, device, non_blocking, acc, moved)
     return obj  # ints, strings, None...: left as they are
-
-
-def _sparse_nbytes(t: Any) -> int:
-    """The bytes a copy of a sparse tensor moves, its indices and values (``numel()`` is its
-    dense shape's: a bag of words over a vocabulary counted ~1000x its bytes)."""
-    import torch
-
-    if t.layout is torch.sparse_coo:
-        parts = (t._indices(), t._values())
-    elif t.layout in (torch.sparse_csr, torch.sparse_bsr):
-        parts = (t.crow_indices(), t.col_indices(), t.values())
-    elif t.layout in (torch.sparse_csc, torch.sparse_bsc):
-        parts = (t.ccol_indices(), t.row_indices(), t.values())
-    else:  # another layout (mkldnn...): its dense size
-        return t.numel() * t.element_size()
-    return sum(p.numel() * p.element_size() for p in parts)
 
 
 def _move_traced(obj: Any, device: Any, non_blocking: Optional[bool]) -> Any:
@@ -185,6 +179,18 @@ def _copy_traced(obj: Any, here: Any, device: Any, non_blocking: Optional[bool],
         non_blocking = here.type == "cpu" and device.type == "cuda"
     out = obj.to(device, non_blocking=non_blocking)
     moved.append((obj, out))
+    return out
+
+
+def _move_itself(obj: Any, device: Any, non_blocking: Optional[bool], acc: Optional[list],
+                 moved: Any) -> Any:
+    """``obj`` moved by its own ``.to()``, once however often the batch holds it."""
+    seen = moved.get(id(obj)) if acc is not None else None
+    if seen is not None:
+        return seen[1]
+    out = move_itself(obj, device, non_blocking, acc)
+    if acc is not None:
+        moved[id(obj)] = (obj, out)
     return out
 
 
@@ -242,8 +248,9 @@ def _slot_names(klass: type) -> List[str]:
 
 def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> Any:
     """Move every tensor in ``obj`` (nested tuples, namedtuples, lists, dicts and other
-    mappings, and dataclasses, whose type is kept; a ``PackedSequence`` as its ``.to`` does) to
-    ``device``. A tensor found twice is copied once, and both places get that copy.
+    mappings, and dataclasses, whose type is kept; a ``PackedSequence`` as its ``.to`` does; any
+    other object with a ``.to()`` of its own, a PyTorch Geometric graph or a TensorDict, through
+    that) to ``device``. A tensor found twice is copied once, and both places get that copy.
 
     Records the bytes moved, the copy time (``trainkit/h2d_ms``; CUDA events on a GPU, since an
     asynchronous copy returns at once), the bandwidth (``trainkit/h2d_GBps``) and the pinned share.

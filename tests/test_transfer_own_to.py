@@ -1,0 +1,140 @@
+"""tk.to_device on objects that move themselves, with a ``.to()`` of their own (a PyTorch
+Geometric ``Data``, a DGL graph, a TensorDict): moved through it, where before they came back
+where they were, without a word, and the model then met a batch on the wrong device. Their host
+bytes are counted as a tensor's would be, so h2d_ms and h2d_GBps cover them."""
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+
+import pytest
+import torch
+
+import trainkit as tk
+
+H2D_BYTES = "\0h2d_bytes"
+
+
+class Storage(MutableMapping):
+    """A graph's storage, as PyTorch Geometric keeps it: a mapping of tensors."""
+
+    def __init__(self, **kw):
+        self._mapping = dict(kw)
+
+    def __getitem__(self, k):
+        return self._mapping[k]
+
+    def __setitem__(self, k, v):
+        self._mapping[k] = v
+
+    def __delitem__(self, k):
+        del self._mapping[k]
+
+    def __iter__(self):
+        return iter(self._mapping)
+
+    def __len__(self):
+        return len(self._mapping)
+
+
+class Graph:
+    """A PyG-like graph: tensors in a storage, a .to() that returns a moved copy."""
+
+    def __init__(self, store, name="g"):
+        self._store = store
+        self.name = name
+        self.calls = []
+
+    def to(self, device, non_blocking=False):
+        self.calls.append(non_blocking)
+        store = Storage(**{k: v.to(device, non_blocking=non_blocking) for k, v in self._store.items()})
+        return Graph(store, self.name)
+
+
+class Plain:
+    """An object whose .to(device) takes no non_blocking."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def to(self, device):
+        return Plain(self.t.to(device))
+
+
+def _graph():
+    return Graph(Storage(x=torch.ones(10, 4), edge_index=torch.zeros(2, 30, dtype=torch.int64)))
+
+
+def _bytes(s):
+    return [v for tag, _, v in list(s._buf) if tag == H2D_BYTES]
+
+
+def test_an_object_with_its_own_to_is_moved_through_it_and_its_bytes_counted(tmp_path):
+    g = _graph()
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        out = tk.to_device({"graph": g, "y": torch.ones(10)}, "meta")
+        nbytes = _bytes(s)
+    moved = out["graph"]
+    assert type(moved) is Graph and moved.name == "g"
+    assert moved._store["x"].device.type == "meta"
+    assert moved._store["edge_index"].device.type == "meta"
+    assert g._store["x"].device.type == "cpu"  # the source untouched
+    assert g.calls == [False]  # its own default: where its tensors are pinned is its to know
+    assert out["y"].device.type == "meta"
+    assert nbytes == [10 * 4 * 4 + 2 * 30 * 8 + 10 * 4]
+
+
+def test_non_blocking_is_passed_when_given_and_left_out_where_to_takes_none(tmp_path):
+    g = _graph()
+    out = tk.to_device(g, "meta", non_blocking=True)
+    assert g.calls == [True] and out._store["x"].device.type == "meta"
+    g2 = _graph()
+    tk.to_device(g2, "meta")  # None: its own default
+    assert g2.calls == [False]
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        p = tk.to_device([Plain(torch.ones(3))], "meta", non_blocking=True)
+        nbytes = _bytes(s)
+    assert p[0].t.device.type == "meta" and nbytes == [12]
+
+
+def test_one_object_twice_moves_once():
+    g = _graph()
+    a, b = tk.to_device((g, g), "meta")
+    assert a is b and len(g.calls) == 1
+
+
+def test_an_error_of_its_own_to_is_its_own():
+    class Broken:
+        def to(self, device, non_blocking=False):
+            raise TypeError("cannot move a Broken")
+
+    with pytest.raises(TypeError, match="cannot move a Broken"):
+        tk.to_device(Broken(), "meta", non_blocking=True)
+
+
+def test_a_model_inside_a_batch_is_not_moved_as_a_side_effect():
+    model = torch.nn.Linear(2, 2)
+    out = tk.to_device({"m": model, "x": torch.ones(2)}, "meta")
+    assert out["m"] is model and model.weight.device.type == "cpu"
+    assert out["x"].device.type == "meta"
+
+
+class TensorMap(Storage):
+    """A mapping that cannot be built from a dict alone (as a TensorDict needs its batch_size),
+    with a .to() of its own: it moves through that, keeping its type, not as a plain dict."""
+
+    def __init__(self, batch_size, **kw):
+        super().__init__(**kw)
+        self.batch_size = batch_size
+
+    def to(self, device, non_blocking=False):
+        return TensorMap(self.batch_size, **{k: v.to(device) for k, v in self.items()})
+
+
+def test_a_mapping_with_its_own_to_keeps_its_type(tmp_path):
+    tm = TensorMap(4, obs=torch.ones(4, 3), act=torch.zeros(4, dtype=torch.int64))
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        out = tk.to_device(tm, "meta")
+        nbytes = _bytes(s)
+    assert type(out) is TensorMap and out.batch_size == 4
+    assert out["obs"].device.type == "meta" and out["act"].device.type == "meta"
+    assert nbytes == [4 * 3 * 4 + 4 * 8]

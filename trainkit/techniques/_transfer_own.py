@@ -1,0 +1,87 @@
+"""``tk.to_device`` for an object that moves itself: one with a ``.to()`` of its own (a PyTorch
+Geometric ``Data`` or ``Batch``, a DGL graph, a TensorDict), which trainkit cannot walk into and
+so moves through that method; and the bytes of a tensor, sparse ones included."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Dict, Optional, Tuple
+
+#: How deep :func:`_leaves` looks into an object for its tensors (a graph's storage is 2 levels).
+_DEPTH = 6
+
+
+def tensor_nbytes(t: Any) -> int:
+    """The bytes a copy of ``t`` moves: a sparse tensor's indices and values (``numel()`` is its
+    dense shape's: a bag of words over a vocabulary counted ~1000x its bytes)."""
+    import torch
+
+    if t.layout is torch.strided:
+        return t.numel() * t.element_size()
+    if t.layout is torch.sparse_coo:
+        parts = (t._indices(), t._values())
+    elif t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        parts = (t.crow_indices(), t.col_indices(), t.values())
+    elif t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        parts = (t.ccol_indices(), t.row_indices(), t.values())
+    else:  # another layout (mkldnn...): its dense size
+        return t.numel() * t.element_size()
+    return sum(p.numel() * p.element_size() for p in parts)
+
+
+def move_itself(obj: Any, device: Any, non_blocking: Optional[bool], acc: Optional[list]) -> Any:
+    """``obj.to(device)``, with ``non_blocking`` when one was given (and its ``.to`` takes it);
+    ``acc`` (None in traced code) adds up the host bytes it moved, found by comparing its tensors
+    before and after, place by place, so that ``h2d_*`` count them as a tensor's copy would be."""
+    if non_blocking is None:  # where its tensors are pinned is its .to()'s to know
+        out = obj.to(device)
+    else:
+        try:
+            out = obj.to(device, non_blocking=non_blocking)
+        except TypeError as exc:  # a .to(device) without the keyword
+            if "non_blocking" not in str(exc):
+                raise
+            out = obj.to(device)
+    if acc is not None and device.type != "cpu":
+        before, after = _leaves(obj), _leaves(out)
+        seen = set()
+        for place, t in before.items():
+            moved = after.get(place)
+            if moved is None or moved is t or t.device.type != "cpu" or id(t) in seen \
+                    or moved.device.type != device.type:
+                continue
+            seen.add(id(t))
+            nbytes = tensor_nbytes(t)
+            acc[0] += nbytes
+            if t.is_pinned():
+                acc[1] += nbytes
+    return out
+
+
+def _leaves(obj: Any) -> Dict[Tuple[Any, ...], Any]:
+    """``place -> tensor`` for the tensors in ``obj``: in its attributes, and in the tuples,
+    lists and mappings they hold, up to :data:`_DEPTH` levels."""
+    import torch
+
+    out: Dict[Tuple[Any, ...], Any] = {}
+    stack = [((), obj, 0)]
+    ids = set()
+    while stack:
+        place, node, depth = stack.pop()
+        if isinstance(node, torch.Tensor):
+            out[place] = node
+            continue
+        if depth >= _DEPTH or id(node) in ids or isinstance(node, (str, bytes, type)):
+            continue
+        ids.add(id(node))  # a cycle (a child pointing at its parent) ends here
+        if isinstance(node, (tuple, list)):
+            items: Any = enumerate(node)
+        elif isinstance(node, Mapping):
+            try:
+                items = list(node.items())
+            except Exception:  # a mapping that cannot list itself: passed over
+                continue
+        else:
+            items = getattr(node, "__dict__", {}).items()
+        for key, value in items:
+            stack.append((place + (key,), value, depth + 1))
+    return out
