@@ -1,6 +1,7 @@
 """Tiny models and loops shared by the tests."""
 from __future__ import annotations
 
+import collections.abc
 import time
 
 import torch
@@ -46,3 +47,40 @@ def fail_on_runtime_warnings() -> None:
 
     warnings.simplefilter("error", RuntimeWarning)
     warnings.filterwarnings("ignore", "Guards may run slower on Python 3.13.0", RuntimeWarning)
+
+
+def items_per_step(logdir, batches) -> dict:
+    """``step -> items`` a patched loader counted over ``batches`` (each batch a step, no
+    optimizer), read back from the run's samples/s and step time."""
+    import trainkit as tk
+    from tests.conftest import scalars
+
+    with tk.session(logdir=logdir, system_metrics=False):
+        for _ in tk.patch(batches):
+            time.sleep(0.002)
+    got = scalars(logdir)
+    steps = dict(got["trainkit/step_time_ms"])
+    return {st: round(v * steps[st] / 1e3) for st, v in got["trainkit/samples_per_s"]}
+
+
+class DictStore(collections.abc.MutableMapping):
+    """A mapping over a dict of its own (as a PyTorch Geometric graph's storage), which a shallow
+    copy would share."""
+
+    def __init__(self, data=None, **kw):
+        self._store = dict(data or (), **kw)
+
+    def __getitem__(self, k):
+        return self._store[k]
+
+    def __setitem__(self, k, v):
+        self._store[k] = v
+
+    def __delitem__(self, k):
+        del self._store[k]
+
+    def __iter__(self):
+        return iter(self._store)
+
+    def __len__(self):
+        return len(self._store)

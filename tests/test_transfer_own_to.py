@@ -4,36 +4,13 @@ where they were, without a word, and the model then met a batch on the wrong dev
 bytes are counted as a tensor's would be, so h2d_ms and h2d_GBps cover them."""
 from __future__ import annotations
 
-from collections.abc import MutableMapping
-
 import pytest
 import torch
 
 import trainkit as tk
+from tests.helpers import DictStore
 
 H2D_BYTES = "\0h2d_bytes"
-
-
-class Storage(MutableMapping):
-    """A graph's storage, as PyTorch Geometric keeps it: a mapping of tensors."""
-
-    def __init__(self, **kw):
-        self._mapping = dict(kw)
-
-    def __getitem__(self, k):
-        return self._mapping[k]
-
-    def __setitem__(self, k, v):
-        self._mapping[k] = v
-
-    def __delitem__(self, k):
-        del self._mapping[k]
-
-    def __iter__(self):
-        return iter(self._mapping)
-
-    def __len__(self):
-        return len(self._mapping)
 
 
 class Graph:
@@ -46,7 +23,7 @@ class Graph:
 
     def to(self, device, non_blocking=False):
         self.calls.append(non_blocking)
-        store = Storage(**{k: v.to(device, non_blocking=non_blocking) for k, v in self._store.items()})
+        store = DictStore(**{k: v.to(device, non_blocking=non_blocking) for k, v in self._store.items()})
         return Graph(store, self.name)
 
 
@@ -61,7 +38,7 @@ class Plain:
 
 
 def _graph():
-    return Graph(Storage(x=torch.ones(10, 4), edge_index=torch.zeros(2, 30, dtype=torch.int64)))
+    return Graph(DictStore(x=torch.ones(10, 4), edge_index=torch.zeros(2, 30, dtype=torch.int64)))
 
 
 def _bytes(s):
@@ -118,7 +95,7 @@ def test_a_model_inside_a_batch_is_not_moved_as_a_side_effect():
     assert out["x"].device.type == "meta"
 
 
-class TensorMap(Storage):
+class TensorMap(DictStore):
     """A mapping that cannot be built from a dict alone (as a TensorDict needs its batch_size),
     with a .to() of its own: it moves through that, keeping its type, not as a plain dict."""
 

@@ -14,6 +14,7 @@ import torch
 
 import trainkit as tk
 from tests.conftest import scalars
+from tests.helpers import DictStore
 
 
 Pair = collections.namedtuple("Pair", "x y")
@@ -42,37 +43,15 @@ class _Batch(collections.UserDict):
         self.note = note
 
 
-class _Store(collections.abc.MutableMapping):
-    """A mapping over a dict of its own, which a shallow copy would share."""
-
-    def __init__(self, data):
-        self._store = dict(data)
-
-    def __getitem__(self, k):
-        return self._store[k]
-
-    def __setitem__(self, k, v):
-        self._store[k] = v
-
-    def __delitem__(self, k):
-        del self._store[k]
-
-    def __iter__(self):
-        return iter(self._store)
-
-    def __len__(self):
-        return len(self._store)
-
-
 def test_to_device_keeps_mapping_types_and_what_they_carry(tmp_path):
     dd = collections.defaultdict(list, {"x": torch.ones(2)})
     od = collections.OrderedDict([("b", torch.ones(1)), ("a", torch.ones(3))])
     ud = _Batch({"ids": torch.ones(4, 2)}, note="kept")
     proxy = types.MappingProxyType({"p": torch.ones(1)})
-    store = _Store({"s": torch.ones(2)})
+    store = DictStore({"s": torch.ones(2)})
     with tk.session(logdir=tmp_path, system_metrics=False):
         out = tk.to_device({"dd": dd, "od": od, "ud": ud, "proxy": proxy, "store": store}, "meta")
-    assert type(out["store"]) is _Store and out["store"]["s"].device.type == "meta"
+    assert type(out["store"]) is DictStore and out["store"]["s"].device.type == "meta"
     assert store["s"].device.type == "cpu"  # the source keeps its tensors
     assert type(out) is dict
     assert type(out["dd"]) is collections.defaultdict and out["dd"].default_factory is list
