@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import trainkit as tk
+from trainkit.recorder import BATCH_REC
 from tests.conftest import scalars
 from tests.helpers import items_per_step, loader, mlp
 
@@ -157,3 +158,15 @@ def test_items_of_packed_sequences_are_the_sequences(tmp_path):
     batches = [(packed([3, 5, 2]), torch.zeros(3)), (packed([4, 4]), torch.zeros(2)),
                {"x": packed([1, 2, 3, 4]), "y": torch.zeros(4)}]
     assert items_per_step(tmp_path, batches) == {1: 3, 2: 2, 3: 4}
+
+
+def test_a_patched_loader_indexes_as_its_source(tmp_path):
+    # A list of batches looked at before the loop (batches[0]): "'SizedPatchedLoader' object is
+    # not subscriptable". Indexing records nothing; only a pass is the loop's.
+    batches = [(torch.zeros(2, 3),), (torch.ones(4, 3),)]
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        p = tk.patch(batches)
+        assert p[1] is batches[1] and p[-1] is batches[-1] and p[:1] == batches[:1]
+        assert [r for r in s._buf if r[0] is BATCH_REC] == []
+    with pytest.raises(TypeError, match="'generator' object is not subscriptable"):
+        tk.patch(x for x in range(3))[0]

@@ -160,6 +160,12 @@ class PatchedLoader:
     def __bool__(self) -> bool:
         return bool(self.source)
 
+    def __getitem__(self, key: Any) -> Any:
+        # As on the source (a list of batches: batches[0] to look at one); one that takes no
+        # index says so itself ("'generator' object is not subscriptable"). Not recorded: only
+        # a pass is the loop's.
+        return self.source[key]
+
     def __getattr__(self, name: str) -> Any:
         if name in ("source", "original"):  # not set yet (unpickling): no recursing in here
             raise AttributeError(name)
