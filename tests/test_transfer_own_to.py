@@ -1,7 +1,8 @@
 """tk.to_device on objects that move themselves, with a ``.to()`` of their own (a PyTorch
 Geometric ``Data``, a DGL graph, a TensorDict): moved through it, where before they came back
 where they were, without a word, and the model then met a batch on the wrong device. Their host
-bytes are counted as a tensor's would be, so h2d_ms and h2d_GBps cover them."""
+bytes are counted as a tensor's would be, so h2d_ms and h2d_GBps cover them. And the standard
+library's other containers (deque, UserList, SimpleNamespace), which were returned unmoved too."""
 from __future__ import annotations
 
 import pytest
@@ -115,3 +116,27 @@ def test_a_mapping_with_its_own_to_keeps_its_type(tmp_path):
     assert type(out) is TensorMap and out.batch_size == 4
     assert out["obs"].device.type == "meta" and out["act"].device.type == "meta"
     assert nbytes == [4 * 3 * 4 + 4 * 8]
+
+
+def test_deques_userlists_and_namespaces_are_moved_keeping_their_type(tmp_path):
+    # Returned where they were before, their tensors on the host.
+    import collections
+    import types
+
+    class Tagged(collections.UserList):
+        pass
+
+    dq = collections.deque([torch.ones(2), torch.ones(3)], maxlen=5)
+    ul = Tagged([torch.ones(4)])
+    ul.note = "kept"
+    ns = types.SimpleNamespace(x=torch.ones(5), name="n", inner=[torch.ones(1)])
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        out = tk.to_device((dq, ul, ns), "meta")
+        nbytes = _bytes(s)
+    d, u, n = out
+    assert type(d) is collections.deque and d.maxlen == 5 and [t.device.type for t in d] == ["meta"] * 2
+    assert type(u) is Tagged and u.note == "kept" and u[0].device.type == "meta"
+    assert type(n) is types.SimpleNamespace and n.x.device.type == "meta" and n.name == "n"
+    assert n.inner[0].device.type == "meta"
+    assert dq[0].device.type == "cpu" and ul[0].device.type == "cpu" and ns.x.device.type == "cpu"
+    assert nbytes == [(2 + 3 + 4 + 5 + 1) * 4]

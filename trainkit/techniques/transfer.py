@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import types
 from collections.abc import Mapping
 from typing import Any, List, Optional, Tuple
 
@@ -124,6 +125,8 @@ def _walk(obj: Any, device: Any, non_blocking: Optional[bool], acc: Optional[lis
             return type(obj)(items)  # a list subclass keeps its type
         except Exception:  # one built otherwise: its items as a list
             return items
+    if isinstance(obj, (collections.deque, collections.UserList, types.SimpleNamespace)):
+        return _walk_stdlib(obj, device, non_blocking, acc, moved)  # returned unmoved before
     if isinstance(obj, Mapping) and not isinstance(obj, (dict, collections.UserDict)) \
             and callable(getattr(type(obj), "to", None)):
         return _move_itself(obj, device, non_blocking, acc, moved)  # a TensorDict: built otherwise
@@ -179,6 +182,21 @@ def _copy_traced(obj: Any, here: Any, device: Any, non_blocking: Optional[bool],
         non_blocking = here.type == "cpu" and device.type == "cuda"
     out = obj.to(device, non_blocking=non_blocking)
     moved.append((obj, out))
+    return out
+
+
+def _walk_stdlib(obj: Any, device: Any, non_blocking: Optional[bool], acc: Optional[list],
+                 moved: Any) -> Any:
+    """A deque (its ``maxlen`` kept), a ``UserList`` or a ``SimpleNamespace``, as a copy that
+    keeps its type and attributes, with its items moved."""
+    if isinstance(obj, collections.deque):
+        return type(obj)([_walk(v, device, non_blocking, acc, moved) for v in obj], obj.maxlen)
+    out = copy.copy(obj)
+    if isinstance(obj, collections.UserList):
+        out.data = [_walk(v, device, non_blocking, acc, moved) for v in obj.data]
+    else:
+        for k, v in vars(obj).items():
+            setattr(out, k, _walk(v, device, non_blocking, acc, moved))
     return out
 
 
@@ -248,9 +266,10 @@ def _slot_names(klass: type) -> List[str]:
 
 def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> Any:
     """Move every tensor in ``obj`` (nested tuples, namedtuples, lists, dicts and other
-    mappings, and dataclasses, whose type is kept; a ``PackedSequence`` as its ``.to`` does; any
-    other object with a ``.to()`` of its own, a PyTorch Geometric graph or a TensorDict, through
-    that) to ``device``. A tensor found twice is copied once, and both places get that copy.
+    mappings, deques, ``UserList``s, ``SimpleNamespace``s and dataclasses, whose type is kept; a
+    ``PackedSequence`` as its ``.to`` does; any other object with a ``.to()`` of its own, a
+    PyTorch Geometric graph or a TensorDict, through that) to ``device``. A tensor found twice is
+    copied once, and both places get that copy.
 
     Records the bytes moved, the copy time (``trainkit/h2d_ms``; CUDA events on a GPU, since an
     asynchronous copy returns at once), the bandwidth (``trainkit/h2d_GBps``) and the pinned share.
