@@ -33,13 +33,21 @@ def brief(obj: Any, width: int = 80) -> str:
 
 
 def write_out(out: TextIO, text: str) -> None:
-    """Write ``text`` to ``out`` and flush it; a reader that went away first (``trainkit lint
-    src/ | head``) ends the output there, quietly (:func:`reader_gone`)."""
+    """Write a command's output ``text`` to ``out`` and flush it; a reader that went away first
+    (``trainkit lint src/ | head``) ends the output there, quietly (:func:`reader_gone`). One
+    that cannot be written (``> /dev/full``, a full disk) is said in a line, not a traceback, and
+    the command exits 1."""
     try:
         out.write(text)
         out.flush()
     except BrokenPipeError:
         reader_gone(out)
+    except OSError as exc:
+        reader_gone(out)  # what is still buffered goes nowhere: Python's exit flush is quiet
+        sys.stderr.write(f"trainkit: could not write the output ({exc.strerror or exc}); "
+                         f"nothing is lost but that output: run the command again with room "
+                         f"to write it\n")
+        raise SystemExit(1) from None
 
 
 def reader_gone(out: TextIO) -> None:
