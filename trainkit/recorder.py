@@ -336,10 +336,11 @@ class Recorder:
             # flush_secs=1e10 made it raise OverflowError (over the user's error), unwritten
             self._thread.join(timeout=min(max(5.0, self.flush_secs * 2), threading.TIMEOUT_MAX))
         with self._lock:
-            first = self._done0 + 1
-            if self.completed() == self._done0:  # no step counted: what its one step holds
-                self.unstepped = _unstepped.tally(self.unstepped, first, self._open, self.buf)
-            else:
+            try:  # no step counted: what its one step holds (said by the session, at best)
+                self.unstepped = (_unstepped.tally(self.unstepped, self._done0 + 1, self._open,
+                                                   list(self.buf))  # a copy: another thread
+                                  if self.completed() == self._done0 else {})  # may append
+            except Exception:  # never in the way of the final write
                 self.unstepped = {}
             try:
                 if self.failed is None:

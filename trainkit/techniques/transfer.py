@@ -190,7 +190,11 @@ def _walk_stdlib(obj: Any, device: Any, non_blocking: Optional[bool], acc: Optio
     """A deque (its ``maxlen`` kept), a ``UserList`` or a ``SimpleNamespace``, as a copy that
     keeps its type and attributes, with its items moved."""
     if isinstance(obj, collections.deque):
-        return type(obj)([_walk(v, device, non_blocking, acc, moved) for v in obj], obj.maxlen)
+        items = [_walk(v, device, non_blocking, acc, moved) for v in obj]
+        try:
+            return type(obj)(items, obj.maxlen)
+        except Exception:  # a subclass built otherwise: its items as a deque
+            return collections.deque(items, obj.maxlen)
     out = copy.copy(obj)
     if isinstance(obj, collections.UserList):
         out.data = [_walk(v, device, non_blocking, acc, moved) for v in obj.data]
