@@ -85,7 +85,8 @@ def test_logged_tensor_values_are_the_losses(tmp_path):
 
 def test_values_logged_twice_in_a_step_are_averaged_and_times_summed(tmp_path):
     # Nothing counts steps here: the close says the two went under one (test_session_unstepped).
-    with pytest.warns(RuntimeWarning, match="'loss' logged 2 times"), tk.session(logdir=tmp_path) as s:
+    with pytest.warns(RuntimeWarning, match="'loss' logged 2 times"), \
+            tk.session(logdir=tmp_path) as s:
         s.log("loss", 1.0)
         s.log("loss", 3.0)
         s.record("trainkit/region/x_ms", 2.0)

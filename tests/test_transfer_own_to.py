@@ -10,8 +10,8 @@ import torch
 
 import trainkit as tk
 from tests.helpers import DictStore
+from trainkit.recorder import H2D_BYTES
 
-H2D_BYTES = "\0h2d_bytes"
 
 
 class Graph:
@@ -24,8 +24,8 @@ class Graph:
 
     def to(self, device, non_blocking=False):
         self.calls.append(non_blocking)
-        store = DictStore(**{k: v.to(device, non_blocking=non_blocking) for k, v in self._store.items()})
-        return Graph(store, self.name)
+        moved = {k: v.to(device, non_blocking=non_blocking) for k, v in self._store.items()}
+        return Graph(DictStore(moved), self.name)
 
 
 class Plain:
@@ -134,7 +134,8 @@ def test_deques_userlists_and_namespaces_are_moved_keeping_their_type(tmp_path):
         out = tk.to_device((dq, ul, ns), "meta")
         nbytes = _bytes(s)
     d, u, n = out
-    assert type(d) is collections.deque and d.maxlen == 5 and [t.device.type for t in d] == ["meta"] * 2
+    assert type(d) is collections.deque and d.maxlen == 5
+    assert [t.device.type for t in d] == ["meta"] * 2
     assert type(u) is Tagged and u.note == "kept" and u[0].device.type == "meta"
     assert type(n) is types.SimpleNamespace and n.x.device.type == "meta" and n.name == "n"
     assert n.inner[0].device.type == "meta"
