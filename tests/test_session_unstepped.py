@@ -47,22 +47,19 @@ def test_values_logged_with_nothing_counting_steps_are_said_at_the_close(tmp_pat
 def test_values_written_ahead_during_the_run_are_counted_too(tmp_path):
     # With no step counted, the writer writes the first step's user values while the run goes
     # on (nothing is held to the close): each flush adds a point at step 1. The close counts
-    # them all, not only what was left at the end. (Collections are off: a step holding
-    # trainkit's own gc_ms is not written ahead, and reading the events back collects.)
-    gc.disable()
-    try:
-        with pytest.warns(RuntimeWarning, match=SAID) as record:
-            with tk.session(logdir=tmp_path, system_metrics=False, flush_secs=0.05) as s:
-                for i in range(3):
-                    s.log("loss", float(i))
-                deadline = time.monotonic() + 60
-                while "loss" not in scalars(tmp_path):  # the writer wrote step 1 ahead
-                    assert time.monotonic() < deadline, "the writer never wrote step 1"
-                    time.sleep(0.05)
-                for i in range(3, 5):
-                    s.log("loss", float(i))
-    finally:
-        gc.enable()
+    # them all, not only what was left at the end. A collection (trainkit's own gc_ms in step
+    # 1) holds back none of them.
+    with pytest.warns(RuntimeWarning, match=SAID) as record:
+        with tk.session(logdir=tmp_path, system_metrics=False, flush_secs=0.05) as s:
+            for i in range(3):
+                s.log("loss", float(i))
+            gc.collect()
+            deadline = time.monotonic() + 60
+            while "loss" not in scalars(tmp_path):  # the writer wrote step 1 ahead
+                assert time.monotonic() < deadline, "the writer never wrote step 1"
+                time.sleep(0.05)
+            for i in range(3, 5):
+                s.log("loss", float(i))
     got = scalars(tmp_path)["loss"]
     assert len(got) >= 2 and {st for st, _ in got} == {1}
     (message,) = _said(record)

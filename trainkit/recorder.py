@@ -293,10 +293,11 @@ class Recorder:
         there later is written by a later flush, as one logged under an earlier step is; a step
         just ahead (a value known for the next step) still waits to join that step's event.
 
-        While no step has been counted yet (``after`` < ``near``), the steps up to ``near`` that
-        hold only values the user logged are written too: with nothing patched (values logged by
-        ``step=`` alone) they, and by the rule below every later step of their tags, were held
-        until the close (none shown, all lost to a SIGKILL).
+        While no step has been counted yet (``after`` < ``near``), the values the user logged in
+        the steps up to ``near`` are written too, trainkit's own (a collection's ``gc_ms``) kept
+        back: with nothing patched (values logged by ``step=`` alone) they, and by the rule below
+        every later step of their tags, were held until the close (none shown, all lost to a
+        SIGKILL), also when one collection put ``gc_ms`` in their step.
 
         Each tag's steps stay in order in the file: TensorBoard's data server takes a step that
         goes back as a restart and drops the tag's points from there on. So a step is not written
@@ -311,15 +312,21 @@ class Recorder:
                 held.update(opened[n])
         for step in ahead:
             tags = opened[step]
-            if not held.isdisjoint(tags) or (step <= near and any(
-                    map(operator.methodcaller("startswith", OWN_TAGS), tags))):
+            own = [t for t in tags if t.startswith(OWN_TAGS)] if step <= near else []
+            if not held.isdisjoint(tags) or (own and (after == near or len(own) == len(tags))):
                 held.update(tags)
                 continue
+            kept = {t: tags.pop(t) for t in own}  # no step counted: trainkit's own wait
             combined = _combine_step(tags, False)
             if combined is None:  # a CUDA value not ready yet: a later flush writes it
+                tags.update(kept)
                 held.update(tags)
                 continue
-            del opened[step]
+            if kept:
+                opened[step] = kept
+                held.update(kept)
+            else:
+                del opened[step]
             if step == self._done0 + 1 and after < near:  # no step counted yet: said at close
                 _unstepped.add(self.unstepped, tags)
             end = combined.get(STEP_END)
