@@ -5,7 +5,7 @@
    _speedups_encode.h   CRC32C, and a step's TensorBoard event encoded and written
                         (trainkit/sinks/tensorboard.py: encode_scalars, EventFileWriter._write_record)
    _speedups_writer.h   the writer thread's pass over the records and its write of completed steps
-                        (trainkit/recorder.py: Recorder.flush, Recorder._write_steps, derive)
+                        (trainkit/recorder.py: Recorder.flush, Recorder._write_steps; trainkit/_steps.py)
    _speedups_regions.h  profile_region's entry and exit (trainkit/profiling/regions.py)
    _speedups_step.h     a patched optimizer's per-step fast path (trainkit/patch.py)
 
@@ -13,7 +13,7 @@
    training thread waits for on a small step; each region and step costs a Python frame or two.
    Here the common case runs with no Python frame, and the Python functions are called for
    everything else: a step holding a pending GPU value or several values of one tag
-   (recorder._combine_step), host-to-device rates (recorder.derive), a value or a step that is no
+   (_steps.combine_step), host-to-device rates (_steps.derive), a value or a step that is no
    plain float or int (EventFileWriter.write_scalars), a region begun by the full one, a step with
    arguments, a gate, CUDA or a profiler (the Python closure).
 
@@ -38,8 +38,8 @@
 /* ---- what recorder.py hands over once (setup) ------------------------------------------- */
 static PyObject *STEP_REC, *BATCH_REC, *UPDATE_MS, *STEP_END, *STEP_TIME, *DATA_WAIT, *ITEMS,
     *SAMPLES_PER_S, *H2D_BYTES, *H2D_PINNED_BYTES;
-static PyObject *combine_step_py; /* recorder._combine_step(tags, final) */
-static PyObject *derive_py;       /* recorder.derive(values) */
+static PyObject *combine_step_py; /* _steps.combine_step(tags, final) */
+static PyObject *derive_py;       /* _steps.derive(values) */
 static PyObject *prefix_py;       /* sinks.tensorboard._prefix(tag) */
 static PyObject *prefix_cache;    /* sinks.tensorboard._value_prefix: tag -> bytes */
 static PyObject *behind;          /* recorder._BEHIND (an int) */
@@ -116,7 +116,7 @@ static PyObject *ms_between(PyObject *a, PyObject *b) {
     return r;
 }
 
-/* recorder._add: one more value of a tag within a step (the first one is stored as it is) */
+/* _steps.add_value: one more value of a tag within a step (the first one is stored as it is) */
 static int add_more(PyObject *tags, PyObject *tag, PyObject *value) {
     PyObject *values = PyDict_GetItemWithError(tags, tag);
     if (!values) {

@@ -1,7 +1,7 @@
 /* trainkit._speedups: the session writer's pass over the records and its write of completed steps. Included by _speedups.c (after the setup section, whose
    names and constants it uses). */
 
-/* ---- recorder.derive, for a step of floats without host-to-device copies ---------------- */
+/* ---- _steps.derive, for a step of floats without host-to-device copies ---------------- */
 static PyObject *derive(PyObject *values) {
     int h2d = PyDict_Contains(values, H2D_BYTES);
     if (h2d == 0) h2d = PyDict_Contains(values, H2D_PINNED_BYTES);

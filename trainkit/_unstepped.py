@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, Optional
 
-from . import recorder as _rec  # partly imported here: its names are read at call time
+from ._tags import OWN_TAGS
 
 
 def _shown(tag: str) -> bool:
     """A name given to ``s.log`` (a region's time summed over a stepless script is a total, as
     likely meant as not: not said)."""
-    return not tag.startswith(_rec.OWN_TAGS)
+    return not tag.startswith(OWN_TAGS)
 
 
 def add(counts: Dict[str, int], tags: Dict[str, Any]) -> None:

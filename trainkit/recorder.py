@@ -1,97 +1,34 @@
 """The buffer behind a session, and the writer thread that turns it into TensorBoard events.
 
-The hot path only appends ``(tag, step, value)`` tuples (and two compound records, below) to a
-``deque`` (atomic under the GIL, no lock). ``value`` is a float or a pending object
-(:mod:`trainkit.timing`) resolved later. The writer thread wakes when the session asks (every
-``log_every`` steps) or every ``flush_secs``, groups records by step, combines the values of one
-tag within a step (sums for times spent, the mean for user values), derives rates (throughput,
-bandwidth) and writes one event per completed step.
+The hot path only appends ``(tag, step, value)`` tuples (and two compound records: the record
+format is :mod:`trainkit._tags`) to a ``deque`` (atomic under the GIL, no lock). ``value`` is a
+float or a pending object (:mod:`trainkit.timing`) resolved later. The writer thread wakes when
+the session asks (every ``log_every`` steps) or every ``flush_secs``, groups records by step,
+combines the values of one tag within a step (sums for times spent, the mean for user values)
+and derives rates (throughput, bandwidth; :mod:`trainkit._steps`), and writes one event per
+completed step.
 """
 from __future__ import annotations
 
 import collections
-import functools
-import operator
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, Optional
 
 from . import _env, _unstepped, timing
 from .sinks import tensorboard as _tb
 from .sinks.tensorboard import EventFileWriter
+from ._steps import add_value as _add, combine_step as _combine_step, derive
+# The record format lives in trainkit._tags; everything that records imports it from here.
+from ._tags import (AMP_SCALE, AMP_SKIPPED, BATCH_REC, CLOSURE_MS, COMPILE_RECOMPILES,
+                    COMPILE_SECONDS, DATA_WAIT, GC_FULL, GC_MS, H2D_BYTES, H2D_GBPS, H2D_MS,
+                    H2D_PINNED_BYTES, H2D_PINNED_PCT, ITEMS, OWN_TAGS, PREFIX, REGION,
+                    SAMPLES_PER_S, STEP_END, STEP_REC, STEP_TIME, UPDATE_MS)
 
-PREFIX = "trainkit/"
-#: the starts of trainkit's own tags, which s.log refuses (a value logged there would corrupt them)
-OWN_TAGS = (PREFIX, "\0")
-STEP_TIME = PREFIX + "step_time_ms"
-DATA_WAIT = PREFIX + "data_wait_ms"
-SAMPLES_PER_S = PREFIX + "samples_per_s"
-H2D_MS = PREFIX + "h2d_ms"
-H2D_GBPS = PREFIX + "h2d_GBps"
-H2D_PINNED_PCT = PREFIX + "h2d_pinned_pct"
-CLOSURE_MS = PREFIX + "closure_ms"
-UPDATE_MS = PREFIX + "update_ms"
-REGION = PREFIX + "region/"
-GC_MS = PREFIX + "gc_ms"  # time in Python garbage collections during the step
-GC_FULL = PREFIX + "gc_full_collections"  # full (generation 2) collections, e.g. gc.collect()
-COMPILE_SECONDS = PREFIX + "compile/seconds"  # wall time of the calls that compiled
-COMPILE_RECOMPILES = PREFIX + "compile/recompiles"  # running count
-AMP_SCALE = PREFIX + "amp/scale"  # GradScaler's scale after the step
-AMP_SKIPPED = PREFIX + "amp/skipped_steps"  # running count of skipped (inf/nan) steps
-# Internal tags (never written as such): inputs of derived rates, and a step's end time. They start
-# with a NUL, which no name a user logs does, so s.log("_t", ...) stays the user's own tag.
-ITEMS = "\0items"
-H2D_BYTES = "\0h2d_bytes"
-H2D_PINNED_BYTES = "\0h2d_pinned_bytes"
-STEP_END = "\0t"
-
-
-# Compound records, one per event on the hot path, taken apart by the writer:
-#   (STEP_REC, step, update_start, end, previous_end): update_ms, step_time_ms and the step's end;
-#   (BATCH_REC, step, wait_start, wait_end, items or None): data_wait_ms and the items it brought.
-# Their tags are NUL-prefixed strs too (s.log refuses such names), and the writer tells them by
-# identity. Every record holds atomic values only (str, int, float, None): Python's GC untracks
-# such a tuple at its first collection, so the records waiting in the buffer (seconds' worth)
-# never reach the older generations. A record holding any other object (an object as its tag)
-# stays tracked; promoted by the thousand, the records then brought on full collections that cost
-# the training thread ~10 us a step.
-STEP_REC = "\0step"
-BATCH_REC = "\0batch"
-
-# Time spent and counts add up over a step (several micro-batches, several copies, the several
-# closure calls of LBFGS); anything else a step records more than once is averaged (the losses
-# of the micro-batches of one accumulation window give the window's loss).
-_SUMMED = (DATA_WAIT, H2D_MS, CLOSURE_MS, UPDATE_MS, ITEMS, H2D_BYTES, H2D_PINNED_BYTES,
-           GC_MS, GC_FULL, COMPILE_SECONDS)
-_LAST = (STEP_END, AMP_SCALE, COMPILE_RECOMPILES, AMP_SKIPPED)
-
-
-def _combine(tag: str, values: List[float]) -> float:
-    if tag in _SUMMED or tag.startswith(REGION):
-        return sum(values)
-    if tag in _LAST:
-        return values[-1]
-    return sum(values) / len(values)
-
-
-def derive(values: Dict[str, float]) -> Dict[str, float]:
-    """Replace the internal tags of one step by the rates they feed (in place)."""
-    out = values
-    values.pop(STEP_END, None)
-    items = values.pop(ITEMS, None)
-    if items:
-        step_ms = values.get(STEP_TIME)
-        if step_ms:
-            out[SAMPLES_PER_S] = items / (step_ms / 1e3)
-    if H2D_BYTES in values or H2D_PINNED_BYTES in values:
-        nbytes = values.pop(H2D_BYTES, None)
-        pinned = values.pop(H2D_PINNED_BYTES, 0.0)
-        copy_ms = values.get(H2D_MS)
-        if nbytes and copy_ms:
-            out[H2D_GBPS] = nbytes / (copy_ms / 1e3) / 1e9
-        if nbytes:
-            out[H2D_PINNED_PCT] = 100.0 * pinned / nbytes
-    return out
+__all__ = ["Recorder", "AMP_SCALE", "AMP_SKIPPED", "BATCH_REC", "CLOSURE_MS", "COMPILE_RECOMPILES",
+           "COMPILE_SECONDS", "DATA_WAIT", "GC_FULL", "GC_MS", "H2D_BYTES", "H2D_GBPS", "H2D_MS",
+           "H2D_PINNED_BYTES", "H2D_PINNED_PCT", "ITEMS", "OWN_TAGS", "PREFIX", "REGION",
+           "SAMPLES_PER_S", "STEP_END", "STEP_REC", "STEP_TIME", "UPDATE_MS"]
 
 
 class Recorder:
@@ -370,54 +307,8 @@ class Recorder:
                         pass
 
 
-_NUMBER = (int, float)
-_is_float = functools.partial(operator.is_, float)  # of a type: a C call, not a Python frame
 #: A flush writes a completed step early, mid-pass, once a record this many steps later shows up.
 _BEHIND = 8
-
-
-def _add(tags: Dict[str, Any], tag: str, value: Any) -> None:
-    """File one more ``value`` under ``tag`` (the first one is stored as it is: a list per tag
-    and step would be a GC-tracked object each): the values become a list."""
-    values = tags[tag]
-    if values.__class__ is list:
-        values.append(value)
-    else:
-        tags[tag] = [values, value]
-
-
-def _combine_step(tags: Dict[str, Any], final: bool) -> Optional[Dict[str, float]]:
-    """``tag -> value`` of one step, or None when a GPU value is not ready (and not ``final``)."""
-    if all(map(_is_float, map(type, tags.values()))):  # the common step: one float a tag
-        return tags
-    if not final:  # every value first: a pending one is released once read, so none is read
-        for values in tags.values():  # before all of the step's are ready
-            if values.__class__ is not float:
-                for v in (values if values.__class__ is list else (values,)):
-                    if not isinstance(v, _NUMBER):
-                        try:
-                            if not v.ready():
-                                return None
-                        except Exception:  # a CUDA error that sticks (the user's failing step):
-                            pass  # its read below fails too, and leaves this value out, said once
-    out: Dict[str, float] = {}
-    for tag, values in tags.items():
-        if values.__class__ is float:
-            out[tag] = values
-            continue
-        if values.__class__ is not list:
-            values = [values]
-        try:
-            resolved = []
-            for v in values:
-                if not isinstance(v, _NUMBER):
-                    pending, v = v, v.value(wait=final)
-                    pending.release()
-                resolved.append(v)
-            out[tag] = _combine(tag, resolved)
-        except Exception as exc:  # one value that cannot be written must not stop the writer
-            _dropped(tag, exc)
-    return out
 
 
 def _warn_lost(path: str, exc: BaseException, what: str) -> None:
@@ -430,19 +321,6 @@ def _warn_lost(path: str, exc: BaseException, what: str) -> None:
                   f"a new tk.session to record again", RuntimeWarning, stacklevel=2)
 
 
-_warned_tags: set = set()
-
-
-def _dropped(tag: str, exc: BaseException) -> None:
-    """Warn (once per tag) that a step's value of ``tag`` was left out of the event file."""
-    if tag in _warned_tags:
-        return
-    _warned_tags.add(tag)
-    import warnings
-
-    warnings.warn(f"trainkit: a value logged as {tag!r} could not be written "
-                  f"({type(exc).__name__}: {exc}); it is left out, everything else is written",
-                  RuntimeWarning, stacklevel=2)
 
 
 def _load_speedups() -> Any:
