@@ -141,3 +141,32 @@ def test_deques_userlists_and_namespaces_are_moved_keeping_their_type(tmp_path):
     assert n.inner[0].device.type == "meta"
     assert dq[0].device.type == "cpu" and ul[0].device.type == "cpu" and ns.x.device.type == "cpu"
     assert nbytes == [(2 + 3 + 4 + 5 + 1) * 4]
+
+
+def test_what_a_batch_holds_besides_its_fields_is_not_walked_on_every_copy(tmp_path):
+    # A batch object holding its dataset (a list of 200,000 tensors) and its model: the walk
+    # that finds the bytes its .to() moved went through all of them, ~1 s a call.
+    from trainkit.techniques import _transfer_own
+
+    class Batch:
+        def __init__(self, x, dataset, model):
+            self.x, self.dataset, self.model = x, dataset, model
+
+        def to(self, device, non_blocking=False):
+            return Batch(self.x.to(device), self.dataset, self.model)
+
+    dataset = [torch.ones(2) for _ in range(_transfer_own._WIDE + 1)]
+    b = Batch(torch.ones(8), dataset, torch.nn.Linear(4, 4))
+    assert set(_transfer_own._leaves(b)) == {("x",)}  # neither the long list nor the model
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        out = tk.to_device(b, "meta")
+        nbytes = _bytes(s)
+    assert out.x.device.type == "meta" and out.dataset is dataset
+    assert nbytes == [8 * 4]
+    # However an object is built, the walk looks at a bounded number of objects: here 2,700
+    # small dicts of a tensor each, in three lists each short enough to be looked into.
+    import types
+
+    many = types.SimpleNamespace(**{k: [{"t": torch.ones(1)} for _ in range(900)] for k in "abc"})
+    found = _transfer_own._leaves(many)
+    assert len(found) < 2_700  # stopped after _VISITS objects, not every one walked

@@ -3,11 +3,16 @@ Geometric ``Data`` or ``Batch``, a DGL graph, a TensorDict), which trainkit cann
 so moves through that method; and the bytes of a tensor, sparse ones included."""
 from __future__ import annotations
 
+import collections
 from collections.abc import Mapping
 from typing import Any, Dict, Optional, Tuple
 
-#: How deep :func:`_leaves` looks into an object for its tensors (a graph's storage is 2 levels).
+#: How far :func:`_leaves` looks into an object for its tensors: a graph's storage is 2 levels
+#: and a few dozen objects; a batch that also holds its dataset, a vocabulary or a model must not
+#: be walked whole on every copy (a reference to a list of 200,000 tensors took 1 s a call).
 _DEPTH = 6
+_VISITS = 2_000  # objects looked at, at most, breadth first (the batch's own fields first)
+_WIDE = 1_000  # a sequence or mapping longer than this is no batch field: not looked into
 
 
 def tensor_nbytes(t: Any) -> int:
@@ -59,29 +64,33 @@ def move_itself(obj: Any, device: Any, non_blocking: Optional[bool], acc: Option
 
 def _leaves(obj: Any) -> Dict[Tuple[Any, ...], Any]:
     """``place -> tensor`` for the tensors in ``obj``: in its attributes, and in the tuples,
-    lists and mappings they hold, up to :data:`_DEPTH` levels."""
+    lists and mappings they hold, breadth first, within :data:`_DEPTH` levels and
+    :data:`_VISITS` objects, passing over models and containers longer than :data:`_WIDE`."""
     import torch
 
     out: Dict[Tuple[Any, ...], Any] = {}
-    stack = [((), obj, 0)]
+    queue = collections.deque([((), obj, 0)])
     ids = set()
-    while stack:
-        place, node, depth = stack.pop()
+    while queue and len(ids) < _VISITS:
+        place, node, depth = queue.popleft()
         if isinstance(node, torch.Tensor):
             out[place] = node
             continue
-        if depth >= _DEPTH or id(node) in ids or isinstance(node, (str, bytes, type)):
+        if depth >= _DEPTH or id(node) in ids or isinstance(
+                node, (str, bytes, type, torch.nn.Module)):
             continue
         ids.add(id(node))  # a cycle (a child pointing at its parent) ends here
-        if isinstance(node, (tuple, list)):
-            items: Any = enumerate(node)
-        elif isinstance(node, Mapping):
-            try:
-                items = list(node.items())
-            except Exception:  # a mapping that cannot list itself: passed over
+        try:
+            if isinstance(node, (tuple, list, Mapping)) and len(node) > _WIDE:
                 continue
-        else:
-            items = getattr(node, "__dict__", {}).items()
-        for key, value in items:
-            stack.append((place + (key,), value, depth + 1))
+            if isinstance(node, (tuple, list)):
+                items: Any = enumerate(node)
+            elif isinstance(node, Mapping):
+                items = list(node.items())
+            else:
+                items = getattr(node, "__dict__", {}).items()
+            for key, value in items:
+                queue.append((place + (key,), value, depth + 1))
+        except Exception:  # a mapping that cannot list itself: passed over
+            continue
     return out
