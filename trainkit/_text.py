@@ -71,16 +71,22 @@ def reader_gone(out: TextIO) -> None:
         pass
 
 
-def user_stacklevel(*also: str) -> int:
+def user_stacklevel(*, past_torch: bool = False) -> int:
     """The ``stacklevel`` for a warning issued by the caller of this function that points at the
-    first frame outside trainkit (and outside the folders in ``also``, e.g. torch's): the user's
-    ``with`` block or ``step()`` call, not trainkit's own line.
+    first frame outside trainkit (and outside torch, ``past_torch``: an LR scheduler's wrapper of
+    ``optimizer.step``, the profiler calling its trace handler): the user's ``with`` block or
+    ``step()`` call, not trainkit's own line. Call it in the function that warns, not through a
+    helper of its own (each frame between shifts the level by one).
 
     Example::
 
         warnings.warn(message, UserWarning, stacklevel=user_stacklevel())
     """
-    skip = (_PACKAGE,) + also
+    skip: Any = _PACKAGE
+    if past_torch:
+        import torch
+
+        skip = (_PACKAGE, os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
     frame, level = sys._getframe(2), 2  # the caller of the function that warns
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(skip):
         frame, level = frame.f_back, level + 1

@@ -69,10 +69,7 @@ def check_no_profiler(schedule: Any) -> None:
 def _warn(message: str) -> None:
     """A UserWarning pointing at the first line outside trainkit and torch (the user's step or
     ``with``; the profiler calls its trace handler from its own step)."""
-    import torch
-
-    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-    warnings.warn(message, UserWarning, stacklevel=user_stacklevel(torch_dir))
+    warnings.warn(message, UserWarning, stacklevel=user_stacklevel(past_torch=True))
 
 
 _profile_class: Any = None

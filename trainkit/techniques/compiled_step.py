@@ -102,16 +102,6 @@ class _QuietOptimizerRecordFunction(logging.Filter):
 _QUIET = _QuietOptimizerRecordFunction()
 
 
-def _caller_level() -> int:
-    """The ``stacklevel`` of the user's ``step()`` call: past trainkit's frames, and torch's (an
-    LR scheduler's wrapper of ``optimizer.step``)."""
-    import os
-
-    import torch
-
-    return user_stacklevel(os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
-
-
 class _Compiled:
     """A compiled callable plus the hyper-parameter swap, compile timing and recompile watch."""
 
@@ -183,7 +173,8 @@ class _Compiled:
             f"compiled SGD step then reuses a stale momentum (pytorch/pytorch#194976; torch "
             f"{torch.__version__}): the step runs eagerly from here, equal to an "
             f"uncompiled one. To keep it compiled: SGD(..., foreach=True), or "
-            f"OneCycleLR(..., cycle_momentum=False)", RuntimeWarning, stacklevel=_caller_level())
+            f"OneCycleLR(..., cycle_momentum=False)", RuntimeWarning,
+            stacklevel=user_stacklevel(past_torch=True))  # past a scheduler's step wrapper
 
     def _compiled(self, seconds: float, recompiled: bool, fails0: int, *,
                   expected: bool = False) -> None:
