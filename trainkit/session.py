@@ -220,7 +220,8 @@ class Session:
                             self._recorder.close()
         finally:
             _signals.release()
-        said = _unstepped.message(self._recorder.unstepped, self._recorder._done0 + 1)
+        # Counts only when no step ended: the step in progress is still the session's first.
+        said = _unstepped.message(self._recorder.unstepped, self.step)
         if said is not None:
             warnings.warn(said, RuntimeWarning, stacklevel=user_stacklevel())
 
