@@ -1,4 +1,4 @@
-/* trainkit._speedups.FastStep: a patched optimizer's step (trainkit/patch.py: _step_function)
+/* trainkit._speedups.FastStep: a patched optimizer's step (trainkit/_optstep.py: step_function)
    with its per-step fast path in C. Included by _speedups.c.
 
    FastStep(p, fallback, ref, own, bound, now, tap, session_dict, step_rec) is called as the
@@ -383,7 +383,7 @@ static PyTypeObject FastStepType = {
     .tp_dictoffset = offsetof(FastStep, dict),
     .tp_new = fs_new,
     .tp_doc = "FastStep(p, fallback, ref, own, bound, now, tap, session_dict, step_rec): a patched "
-              "optimizer's step, its per-step fast path in C (trainkit/patch.py: _step_function).",
+              "optimizer's step, its per-step fast path in C (trainkit/_optstep.py: step_function).",
 };
 
 /* The interned names, then the type: PyInit__speedups calls it as PyType_Ready */

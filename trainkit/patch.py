@@ -13,8 +13,10 @@ A patched ``optimizer.step`` is one pipeline, each technique a stage, all meetin
 
 The patch only adds instance attributes (``step``, ``zero_grad``, and the state), which
 ``Optimizer.__getstate__`` leaves out: ``state_dict``, pickling and ``copy.deepcopy`` see an
-unpatched optimizer. The new ``step`` is a bound method, as LR schedulers expect (they wrap
-``optimizer.step.__func__``), whether they are created before or after the patch.
+unpatched optimizer (a class whose own ``__getstate__`` returns its ``__dict__`` gets an instance
+one that leaves them out: trainkit/_optstate.py). The new ``step`` is a bound method, as LR
+schedulers expect (they wrap ``optimizer.step.__func__``), whether they are created before or
+after the patch.
 """
 from __future__ import annotations
 
@@ -23,14 +25,13 @@ import types
 import weakref
 from typing import Any, Callable, Optional
 
-from . import recorder as _recorder, timing
-from ._optcalls import ZERO_GRAD_SIGNATURE, closure_of as _closure_of, gone, rebind, referent, \
-    run_closure as _run_closure, scheduler_marked, step_signature, \
-    timed_closure as _timed_closure, unbind
+from . import _optstate, timing
+from ._optcalls import ZERO_GRAD_SIGNATURE, closure_of as _closure_of, rebind, referent, \
+    run_closure as _run_closure, timed_closure as _timed_closure, unbind
+from ._optstep import step_function
 from ._text import brief
 from ._wrapped import inner_optimizer, repoint_saved_step
-from .recorder import CLOSURE_MS, STEP_REC, UPDATE_MS
-from .profiling import regions
+from .recorder import CLOSURE_MS, UPDATE_MS
 from .profiling.regions import profiler_enabled, record_function
 
 # The session module itself (``trainkit.session`` the attribute is the function ``tk.session``):
@@ -220,61 +221,6 @@ def _patched_zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
     return p.zero_grad(*args, **kwargs)
 
 
-def _step_function(p: OptimizerPatch) -> Any:
-    """The ``step`` of one patched optimizer: its own function, for two reasons.
-
-    It carries the marker that an LR scheduler created before the patch left on the step it
-    wrapped (without it the scheduler warns at its first step() that "optimizer.step() has been
-    overridden after learning rate scheduler initialization"); and it holds its patch, so the
-    common case (a CPU step, no closure, no gate, no profiler) runs in this one frame and leaves
-    one record: its start, its end and the previous step's end. With ``trainkit._speedups``
-    built, that block runs in C (``FastStep``, trainkit/_speedups_step.h), which calls this
-    closure for every other case.
-    """
-    regions.load_flags()
-    tap = regions._TAP
-    now = timing.now
-    ref = p._opt
-    own, bound = p._orig_step
-
-    def step(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not args and not kwargs and p.gate is None and p._cuda is False and p.live:
-            s = _S._active
-            if s is not None and s._primary is p and not tap._is_profiler_enabled:
-                core = p._core
-                t0 = now()
-                out = (core() if core is not None else own() if not bound
-                       else own(opt) if (opt := ref()) is not None else gone(own))
-                t1 = now()
-                n = s.step
-                s._buf.append((STEP_REC, n, t0, t1, s._last_step_end))
-                s._last_step_end = t1
-                s.step = n + 1  # the rest as Session.step_done, inlined: one frame per step
-                if n % s._log_every == 0:
-                    s._wake()
-                if s._profiler is not None:
-                    s._profiler.step()
-                return out
-        if not p.live:
-            # A stale step: its patch was undone, but a wrapper made meanwhile (an LR scheduler's)
-            # still calls it, maybe as the core of a newer patch: the class's own step, or the
-            # newer patch would call itself through that wrapper without end.
-            opt = ref()
-            return type(opt).step(opt, *args, **kwargs)
-        return p.step(*args, **kwargs)
-
-    step.__wrapped_step__ = True  # type: ignore[attr-defined]
-    step.__signature__ = step_signature(p._orig_step)  # type: ignore[attr-defined]
-    fast = _recorder._fast
-    if fast is not None:
-        # The same step with its first block in C (trainkit/_speedups_step.h): it calls this
-        # closure for every other case. It carries the markers as the closure would.
-        fast_step = fast.FastStep(p, step, ref, own, bound, now, tap, vars(_S), STEP_REC)
-        vars(fast_step).update(vars(step))  # __wrapped_step__, __signature__
-        return scheduler_marked(fast_step, p.orig_step)
-    return scheduler_marked(step, p.orig_step)
-
-
 _patched_zero_grad.__signature__ = ZERO_GRAD_SIGNATURE  # type: ignore[attr-defined]
 
 
@@ -309,7 +255,7 @@ def _patch_optimizer(opt: Any, *, compile: bool) -> Any:
     if fresh:
         opt.__dict__[_ATTR] = p
         # Bound to a weak proxy: a bound method in its own __dict__ would keep it alive.
-        opt.step = types.MethodType(_step_function(p), weakref.proxy(opt))
+        opt.step = types.MethodType(step_function(p), weakref.proxy(opt))
         _patched.add(opt)
         # Technique switches acting at the patch (trainkit.techniques.fused; set_to_none).
         from .switches import technique
@@ -319,6 +265,8 @@ def _patch_optimizer(opt: Any, *, compile: bool) -> Any:
         if not p.set_to_none:  # True is zero_grad's own default: nothing to wrap for it
             wrap_zero_grad(opt)
         p.undo_fused = fused.apply(opt)
+        if _optstate.leaks(opt, _ATTR):  # its class's __getstate__ returns its __dict__
+            _optstate.guard(opt, _unpatched_state)
     if core is not None:
         p.core = core
         p.compiled = True
@@ -330,14 +278,8 @@ def _unpatch_optimizer(opt: Any) -> Any:
     if p is None:
         return opt
     p.live = False
-    for name, saved in (("step", p.saved_step), ("zero_grad", p.saved_zero_grad)):
-        current = getattr(opt.__dict__.get(name), "__func__", None)
-        ours = current is _patched_zero_grad or getattr(current, "__wrapped_step__", False)
-        if ours:  # else an LR scheduler created since wraps us, and our step falls through
-            if saved is _MISSING:
-                del opt.__dict__[name]
-            else:
-                opt.__dict__[name] = saved
+    _restore_methods(opt.__dict__, p)
+    _optstate.unguard(opt)
     _patched.discard(opt)
     if p.undo_fused is not None:
         p.undo_fused()
@@ -345,6 +287,28 @@ def _unpatch_optimizer(opt: Any) -> Any:
     if compiled is not None:  # its load_state_dict hooks (techniques._state_keeper)
         compiled.release(opt)
     return opt
+
+
+def _restore_methods(d: dict, p: OptimizerPatch) -> None:
+    """Put back in ``d`` (an optimizer's ``__dict__``, or a copy of it) the ``step`` and
+    ``zero_grad`` it had before the patch ``p``, where they are still the patch's own."""
+    for name, saved in (("step", p.saved_step), ("zero_grad", p.saved_zero_grad)):
+        current = getattr(d.get(name), "__func__", None)
+        ours = current is _patched_zero_grad or getattr(current, "__wrapped_step__", False)
+        if ours:  # else an LR scheduler created since wraps us, and our step falls through
+            if saved is _MISSING:
+                del d[name]
+            else:
+                d[name] = saved
+
+
+def _unpatched_state(d: dict) -> dict:
+    """A patched optimizer's ``__dict__`` (a copy) as it would be unpatched: what its instance
+    ``__getstate__`` hands to ``pickle`` and ``copy`` (trainkit._optstate)."""
+    p = d.pop(_ATTR, None)
+    if p is not None:
+        _restore_methods(d, p)
+    return d
 
 
 def patch(obj: Any, *, compile: bool = False) -> Any:
