@@ -111,10 +111,15 @@ def test_values_another_thread_logs_while_the_session_closes_are_written_or_refu
 
 
 class _Interrupting:
-    """A pending value whose reading, in the final write, meets a Ctrl-C."""
+    """A pending value whose reading, in the final write, meets a Ctrl-C. Ready only once the
+    session is closing: the writer's wake a second in (a loaded CI machine gets there) wrote it
+    ahead (its step is far past the first), and the Ctrl-C came before the close."""
+
+    def __init__(self, s):
+        self.s = s
 
     def ready(self):
-        return True
+        return self.s.closed
 
     def value(self, wait):
         import signal
@@ -132,7 +137,7 @@ def test_a_ctrl_c_during_close_acts_once_everything_is_written(tmp_path):
     s = tk.session(logdir=tmp_path, system_metrics=False, flush_secs=60)
     for i in range(1, 101):
         s.log("x", float(i), step=i)
-    s._buf.append(("y", 100, _Interrupting()))
+    s._buf.append(("y", 100, _Interrupting(s)))
     with pytest.raises(KeyboardInterrupt):
         s.close()  # the KeyboardInterrupt comes from here, after the close
     assert [st for st, _ in scalars(tmp_path)["x"]] == list(range(1, 101))
