@@ -2,16 +2,19 @@
 ``trainkit/samples_per_s``: found by a walk on the first batch, then read by its path."""
 from __future__ import annotations
 
+import collections
 import dataclasses
+import types
 from collections.abc import Mapping
 from typing import Any, Iterator, List, Optional, Tuple
 
 
 class ItemsCounter:
     """``counter(batch)``: the items in a batch (the first dimension of its first tensor that has
-    one, in tuples, lists, mappings and dataclasses; 1 for a batch of 0-d tensors only) or None
-    for a batch without tensors. A ``PackedSequence`` counts its sequences (``batch_sizes[0]``),
-    not the time steps of all of them that its data's first dimension holds.
+    one, in tuples, lists, deques, ``UserList``, mappings, dataclasses and ``SimpleNamespace``; 1
+    for a batch of 0-d tensors only) or None for a batch without tensors. A ``PackedSequence``
+    counts its sequences (``batch_sizes[0]``), not the time steps of all of them that its data's
+    first dimension holds.
 
     A 0-d tensor (a step index, a scalar target) is no count of items, so it is passed over.
     A batch of per-sample records, not collated into tensors, is counted by its records: a list
@@ -129,7 +132,11 @@ def _find_tensor(batch: Any) -> Optional[Tuple[List[Any], Any]]:
 
 
 class _Field(str):
-    """A path key that is a dataclass field's name, read with ``getattr`` (a dict's, with [])."""
+    """A path key that is a dataclass field's (or a ``SimpleNamespace``'s) name, read with
+    ``getattr`` (a dict's, with [])."""
+
+
+_SEQUENCES = (tuple, list, collections.deque, collections.UserList)
 
 
 def _tensors(obj: Any, path: List[Any]) -> Iterator[Tuple[List[Any], Any]]:
@@ -139,12 +146,14 @@ def _tensors(obj: Any, path: List[Any]) -> Iterator[Tuple[List[Any], Any]]:
         yield path, obj
         return
     items: Any = ()
-    if isinstance(obj, (tuple, list)):
+    if isinstance(obj, _SEQUENCES):  # the sequences to_device moves, read by index
         items = enumerate(obj)
     elif isinstance(obj, Mapping):
         items = obj.items()
     elif hasattr(type(obj), "__dataclass_fields__") and not isinstance(obj, type):
         # A dataclass batch, which to_device moves: its fields in order (one never set passed over)
         items = [(_Field(f.name), getattr(obj, f.name, None)) for f in dataclasses.fields(obj)]
+    elif isinstance(obj, types.SimpleNamespace):  # to_device moves it too: its attributes
+        items = [(_Field(k), v) for k, v in vars(obj).items()]
     for key, value in items:
         yield from _tensors(value, path + [key])

@@ -224,3 +224,20 @@ def test_items_of_a_batch_whose_structure_changed_are_not_read_inside_a_tensor()
     assert keyed({"x": torch.zeros(4, 2)}) == 4
     assert keyed(torch.zeros(9, 2)) == 9
     assert keyed({"x": torch.zeros(6, 2)}) == 6
+
+
+def test_items_of_the_other_containers_to_device_moves_are_counted():
+    """to_device moves deques, UserLists and SimpleNamespaces; their items were None (no
+    samples_per_s), or, for a namespace beside a tensor, the count of another tensor."""
+    import collections
+    import types
+
+    for make in (collections.deque, collections.UserList):
+        count = ItemsCounter()
+        assert count(make([torch.zeros(5, 2), torch.zeros(5)])) == 5
+        assert count(make([torch.zeros(3, 2), torch.zeros(3)])) == 3  # by the learned path
+    count = ItemsCounter()
+    assert count(types.SimpleNamespace(name="b", x=torch.zeros(6, 2))) == 6
+    assert count(types.SimpleNamespace(name="b", x=torch.zeros(2, 2))) == 2
+    assert count({"x": torch.zeros(4)}) == 4  # a dict with that key: walked afresh
+    assert ItemsCounter()(types.SimpleNamespace(name="none")) is None
