@@ -5,6 +5,8 @@ bytes are counted as a tensor's would be, so h2d_ms and h2d_GBps cover them. And
 library's other containers (deque, UserList, SimpleNamespace), which were returned unmoved too."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -87,6 +89,38 @@ def test_an_error_of_its_own_to_is_its_own():
 
     with pytest.raises(TypeError, match="cannot move a Broken"):
         tk.to_device(Broken(), "meta", non_blocking=True)
+
+
+class Quantity:
+    """A value with units (pint's, astropy's): its .to() converts units, and refuses a device."""
+
+    def __init__(self, magnitude, unit):
+        self.magnitude, self.unit = magnitude, unit
+
+    def to(self, unit):
+        if not isinstance(unit, str):
+            raise TypeError(f"to() takes a unit name, not {type(unit).__name__}")
+        return Quantity(self.magnitude, unit)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes are Python >= 3.11")
+def test_a_to_that_is_no_device_move_fails_with_its_own_error_and_a_note_on_the_fix():
+    batch = {"x": torch.ones(2), "speed": Quantity(3.0, "m/s")}
+    with pytest.raises(TypeError, match="takes a unit name") as raised:
+        tk.to_device(batch, "meta")
+    notes = getattr(raised.value, "__notes__", [])
+    assert len(notes) == 1 and "Quantity by its own .to('meta')" in notes[0]
+    assert "keep the object out of what to_device is given" in notes[0]
+
+
+def test_a_torch_error_of_a_move_gets_no_note():
+    class OutOfMemory:
+        def to(self, device, non_blocking=False):
+            raise RuntimeError("CUDA out of memory")
+
+    with pytest.raises(RuntimeError, match="out of memory") as raised:
+        tk.to_device(OutOfMemory(), "meta")
+    assert not getattr(raised.value, "__notes__", [])
 
 
 def test_a_model_inside_a_batch_is_not_moved_as_a_side_effect():

@@ -37,15 +37,25 @@ def move_itself(obj: Any, device: Any, non_blocking: Optional[bool], acc: Option
     """``obj.to(device)``, with ``non_blocking`` when one was given (and its ``.to`` takes it);
     ``acc`` (None in traced code) adds up the host bytes it moved, found by comparing its tensors
     before and after, place by place, so that ``h2d_*`` count them as a tensor's copy would be."""
-    if non_blocking is None:  # where its tensors are pinned is its .to()'s to know
-        out = obj.to(device)
-    else:
-        try:
-            out = obj.to(device, non_blocking=non_blocking)
-        except TypeError as exc:  # a .to(device) without the keyword
-            if "non_blocking" not in str(exc):
-                raise
+    try:
+        if non_blocking is None:  # where its tensors are pinned is its .to()'s to know
             out = obj.to(device)
+        else:
+            try:
+                out = obj.to(device, non_blocking=non_blocking)
+            except TypeError as exc:  # a .to(device) without the keyword
+                if "non_blocking" not in str(exc):
+                    raise
+                out = obj.to(device)
+    except RuntimeError:  # torch's own (a CUDA error, out of memory): about the move itself
+        raise
+    except Exception as exc:  # its .to() refused a device: a unit conversion's (pint's)
+        if hasattr(exc, "add_note"):  # Python >= 3.11; the error itself is kept as it is
+            exc.add_note(f"trainkit.to_device moved this {type(obj).__qualname__} by its own "
+                         f".to({str(device)!r}), as it moves graphs and TensorDicts; if that "
+                         f".to() is no device move, keep the object out of what to_device is "
+                         f"given, e.g. x, y = tk.to_device((x, y), device)")
+        raise
     if acc is not None and device.type != "cpu":
         before, after = _leaves(obj), _leaves(out)
         seen = set()
