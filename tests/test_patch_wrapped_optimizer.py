@@ -19,6 +19,7 @@ class SyncingOptimizer(torch.optim.Optimizer):
 
     def __init__(self, optimizer, every):
         self.optimizer = optimizer
+        self.gradient_state = None  # accelerate's: a wrapper trainkit looks into (_wrapped.py)
         self.every = every
         self.calls = 0
 

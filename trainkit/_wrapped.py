@@ -6,6 +6,13 @@ it wraps only where gradients sync: under ``accelerator.accumulate(model)`` with
 ``gradient_accumulation_steps=4``, one call in four (and at the loader's end). Patched itself,
 every call was a step: micro-batches counted as optimizer steps, and ``step_time_ms`` a
 micro-batch's time. The inner optimizer's own ``step`` is called at real steps only.
+
+Only accelerate's wrappers are looked into (they keep a ``gradient_state``). Another wrapper that
+shares its inner optimizer's ``param_groups`` steps it at each of its own steps, and does work of
+its own there: a Lookahead (torch-optimizer's) pulls its slow weights every k steps, by a counter
+of its steps. Patched through to the inner one, ``tk.accumulate`` held the inner steps back but
+not the wrapper's, whose counter then ran n times too fast (slow weights pulled every k
+micro-batches), and ``update_ms`` left the wrapper's work out. Such a wrapper is patched itself.
 """
 from __future__ import annotations
 
@@ -13,12 +20,16 @@ from typing import Any, Optional
 
 
 def inner_optimizer(obj: Any) -> Optional[Any]:
-    """The optimizer ``obj`` wraps and delegates to (its ``param_groups`` are the inner one's),
-    innermost first when wrappers nest (DeepSpeed's inside accelerate's); None when it wraps none.
+    """The optimizer that ``obj``, accelerate's wrapper, wraps and delegates to (its
+    ``param_groups`` are the inner one's), innermost first when wrappers nest; None when ``obj``
+    is no such wrapper.
     """
     import torch
 
-    inner = obj.__dict__.get("optimizer") if hasattr(obj, "__dict__") else None
+    d = getattr(obj, "__dict__", None)
+    if d is None or "gradient_state" not in d:  # not accelerate's: patched itself (see above)
+        return None
+    inner = d.get("optimizer")
     if not isinstance(inner, torch.optim.Optimizer) or inner is obj:
         return None
     try:

@@ -50,6 +50,34 @@ class Prepared(torch.optim.Optimizer):
             self.optimizer.zero_grad(set_to_none=True if set_to_none is None else set_to_none)
 
 
+class Lookahead(torch.optim.Optimizer):
+    """torch-optimizer's Lookahead, reduced: it wraps an optimizer (sharing its ``param_groups``,
+    as accelerate's does), steps it at each of its own steps, and every ``k`` of its steps pulls
+    its slow weights ``alpha`` of the way to the fast ones and sets the fast ones there."""
+
+    def __init__(self, optimizer, k=2, alpha=0.5):
+        self.optimizer, self.k, self.alpha = optimizer, k, alpha
+        self.param_groups = optimizer.param_groups
+        self.defaults = optimizer.defaults
+        self.state = {}
+        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
+        self.counter = 0
+
+    def step(self, closure=None):
+        loss = self.optimizer.step(closure)
+        self.counter += 1
+        if self.counter % self.k == 0:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    slow = self.state.setdefault(p, {}).setdefault("slow", p.detach().clone())
+                    slow += self.alpha * (p.detach() - slow)
+                    p.data.copy_(slow)
+        return loss
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+
 def _train(m, opt, data, n=4):
     held = []  # after each zero_grad(): whether the gradients are still there
     with tk.accumulate(n, opt) as acc:
@@ -77,6 +105,26 @@ def test_accumulate_through_a_wrapping_optimizer_equals_the_big_batch(name, tmp_
     assert held == [True, True, True, False] * 2 + [True, True]
     assert all(p.grad is None for p in m.parameters())
     assert optimizer_patch(inner).gate is None and "_trainkit_patch" not in opt.__dict__
+    assert [st for st, _ in scalars(tmp_path)["trainkit/update_ms"]] == [1, 2, 3]
+
+
+def test_accumulate_over_a_lookahead_equals_the_big_batch(tmp_path):
+    # Gated on the optimizer inside, the Lookahead's own step ran at every micro-batch: its
+    # counter ran 4x too fast, the slow weights pulled every 2 micro-batches, not every 2 steps.
+    def make(ps):
+        return Lookahead(torch.optim.SGD(ps, lr=0.1, momentum=0.9), k=2)
+
+    base = model64()
+    data = batches([5] * 10)
+    oracle = big_batch_oracle(base, make, data, 4)
+    m = copy.deepcopy(base)
+    opt = make(m.parameters())
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        acc, _ = _train(m, opt, data)
+    assert acc.steps == 3 and opt.counter == 3
+    assert max_rel_err(m, oracle) < 1e-10
+    assert optimizer_patch(opt) is not None and optimizer_patch(opt.optimizer) is None
+    # its update_ms is the whole Lookahead step's, one a real step
     assert [st for st, _ in scalars(tmp_path)["trainkit/update_ms"]] == [1, 2, 3]
 
 
