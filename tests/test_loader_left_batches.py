@@ -1,5 +1,7 @@
 """Batches as steps (an evaluation, inference): a batch the loader handed out that no loop body
-ran for (zip's unpaired batch, a break at the top of the loop) makes no step of its own."""
+ran for (zip's unpaired batch, a break at the top of the loop) makes no step of its own. In
+training its items leave the step in progress; those of a batch worked on before the loop was
+left stay there, for the step after the loop."""
 from __future__ import annotations
 
 import time
@@ -145,3 +147,41 @@ def test_a_batch_left_untrained_by_a_break_or_a_zip_brings_no_items_to_the_next_
         # the last untrained batch's wait: a step of its own, with no items (nothing follows)
         assert [st for st, _ in got["trainkit/data_wait_ms"]][-1] == steps + 1, run
         assert len(got["trainkit/samples_per_s"]) == steps, run
+
+
+@pytest.mark.parametrize("how", ["accumulate", "by hand"])
+@pytest.mark.parametrize("left_at", [4, 5, 6])
+def test_a_batch_trained_on_before_a_break_keeps_its_items_in_the_window_stepped_after(
+        tmp_path, how, left_at):
+    # A loop capped mid-window (max_steps, a time budget): the batch it was left at had its
+    # forward and backward, and the step after the loop (accumulate's partial last window, or
+    # the user's) trains on it. Its items were taken out as if no body had run for it: step 2
+    # counted 5, 10, 15 items for 10, 15, 20 (a window of one batch: no samples_per_s at all).
+    model = mlp()
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    data = [(x[:5], y[:5]) for x, y in loader(n=160, batch_size=8)]
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        if how == "accumulate":
+            with tk.accumulate(4, opt):
+                for i, (x, y) in enumerate(tk.patch(data)):
+                    torch.nn.functional.cross_entropy(model(x), y).backward()
+                    time.sleep(0.002)
+                    opt.step()
+                    opt.zero_grad()
+                    if i == left_at:
+                        break
+        else:
+            for i, (x, y) in enumerate(tk.patch(data)):
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                time.sleep(0.002)
+                if (i + 1) % 4 == 0:
+                    opt.step()
+                    opt.zero_grad()
+                if i == left_at:
+                    break
+            opt.step()  # the partial last window
+            opt.zero_grad()
+    got = scalars(tmp_path)
+    steps = dict(got["trainkit/step_time_ms"])
+    items = {st: round(sps * steps[st] / 1e3, 3) for st, sps in got["trainkit/samples_per_s"]}
+    assert items == {1: 20.0, 2: 5.0 * (left_at - 3)}

@@ -115,10 +115,10 @@ class PatchedLoader:
                         s._batches_are_steps = not is_grad_enabled() or stepped_elsewhere(s)
                 # Batches are steps: the step in progress ends as this wait began, if this pass
                 # already fed it; else this batch joins it (a loader zipped with another one).
+                if mine and t0 - handed < quickest:  # the quickest body of the pass so far
+                    quickest = t0 - handed
                 if s._batch_pending and mine == s.step:
                     s._batch_pending = False
-                    if t0 - handed < quickest:
-                        quickest = t0 - handed
                     if regions._TC._initialized:
                         s.step_done(ev0 if ev0 is not None else timing.cuda_event(
                             timing.steps_device(s._cuda_device)))
@@ -132,24 +132,28 @@ class PatchedLoader:
                 else:
                     n = count(batch)
                 s._buf.append((BATCH_REC, step, t0, t1, n))
+                handed = t1
                 if not patched or s._batches_are_steps:
                     s._batch_pending = True  # its step ends at the next wait, or the loop's end
-                    handed = t1
             try:
                 yield batch
             except GeneratorExit:  # the loop was left early (break, an exception)
                 s = _S._active
                 if s is not None:
                     left = now()
-                    if s._batch_pending and mine == s.step and not _left_unused(
-                            s, t0, left - t1 < quickest * 0.5):
-                        s.end_batch_step(left)  # its body ran: its step ends where it was left
-                    elif mine == s.step:
-                        # No step since this batch (training), or batches are steps and no body
-                        # ran for it: it was not worked on (a break at the top of the loop, the
-                        # unpaired batch of zip(long, short)), and makes no step. Its items leave
-                        # the step in progress, which the next pass's batch feeds; its wait
-                        # stays, as that step's wall time holds it.
+                    if mine != s.step:
+                        pass  # a step ended since this batch: it was worked on, and is counted
+                    elif not _left_unused(s, t0, left - t1 < quickest * 0.5):
+                        # Its body ran. Batches are steps: its step ends where the loop was left.
+                        # Training: it is in the step in progress, which a step after the loop
+                        # ends (an accumulation window's last, partial one, tk.accumulate's).
+                        if s._batch_pending:
+                            s.end_batch_step(left)
+                    else:
+                        # No body ran for it: it was not worked on (a break at the top of the
+                        # loop, the unpaired batch of zip(long, short)), and makes no step. Its
+                        # items leave the step in progress, which the next pass's batch feeds;
+                        # its wait stays, as that step's wall time holds it.
                         s._batch_pending = False
                         if n:
                             s._buf.append((BATCH_REC, mine, 0.0, 0.0, -n))
@@ -237,8 +241,10 @@ class _EvalItems(ItemsCounter):
 
 
 def _left_unused(s: Any, t0: float, quick: bool) -> bool:
-    """Batches are steps, and the loop is left while the step of the batch whose wait began at
-    ``t0`` is in progress: whether no loop body ran for that batch (it then makes no step).
+    """The loop is left while the step of the batch whose wait began at ``t0`` is in progress
+    (no step ended since its hand-out): whether no loop body ran for that batch. Unused, it makes
+    no step (batches are steps), and its items leave the step in progress; used, its items stay
+    there (training: the step after the loop, an accumulation window's partial last one, has it).
 
     From in here a break at the top of the body and one at its bottom look alike (the generator
     is closed at the same ``yield``). What tells them apart:
