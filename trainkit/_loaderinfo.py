@@ -15,12 +15,10 @@ import json
 import weakref
 from typing import Any, Dict, Optional
 
-from .recorder import PREFIX
+from ._tags import PASSES, PREFIX
 
 #: ``trainkit/meta/loader/<i>``: the JSON settings of a session's ``i``-th patched DataLoader.
 META_LOADER = PREFIX + "meta/loader/"
-#: ``trainkit/loader/<i>/passes``: how many passes the ``i``-th loader began, at each pass start.
-PASSES = PREFIX + "loader/{}/passes"
 
 # Where wrappers keep the loader they iterate: accelerate's DataLoaderShard/Dispatcher
 # (``base_dataloader``, recent versions; older ones subclass DataLoader), tqdm (``iterable``).

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional
 
 from ._tags import (AMP_SCALE, AMP_SKIPPED, CLOSURE_MS, COMPILE_RECOMPILES, COMPILE_SECONDS,
                     DATA_WAIT, GC_FULL, GC_MS, H2D_BYTES, H2D_GBPS, H2D_MS, H2D_PINNED_BYTES,
-                    H2D_PINNED_PCT, ITEMS, REGION, SAMPLES_PER_S, STEP_END, STEP_TIME,
+                    H2D_PINNED_PCT, ITEMS, PASSES, REGION, SAMPLES_PER_S, STEP_END, STEP_TIME,
                     UPDATE_MS)
 
 # Time spent and counts add up over a step (several micro-batches, several copies, the several
@@ -19,12 +19,15 @@ from ._tags import (AMP_SCALE, AMP_SKIPPED, CLOSURE_MS, COMPILE_RECOMPILES, COMP
 _SUMMED = (DATA_WAIT, H2D_MS, CLOSURE_MS, UPDATE_MS, ITEMS, H2D_BYTES, H2D_PINNED_BYTES,
            GC_MS, GC_FULL, COMPILE_SECONDS)
 _LAST = (STEP_END, AMP_SCALE, COMPILE_RECOMPILES, AMP_SKIPPED)
+_LOADER, _COUNT = PASSES.split("{}")  # trainkit/loader/<i>/passes
 
 
 def _combine(tag: str, values: List[float]) -> float:
     if tag in _SUMMED or tag.startswith(REGION):
         return sum(values)
-    if tag in _LAST:
+    if tag in _LAST or (tag.startswith(_LOADER) and tag.endswith(_COUNT)):
+        # a count so far (a loader's passes begun: two in one step, a peek with
+        # next(iter(loader)) and the epoch's pass, showed 1.5 for 2)
         return values[-1]
     return sum(values) / len(values)
 

@@ -20,6 +20,8 @@ COMPILE_SECONDS = PREFIX + "compile/seconds"  # wall time of the calls that comp
 COMPILE_RECOMPILES = PREFIX + "compile/recompiles"  # running count
 AMP_SCALE = PREFIX + "amp/scale"  # GradScaler's scale after the step
 AMP_SKIPPED = PREFIX + "amp/skipped_steps"  # running count of skipped (inf/nan) steps
+#: ``trainkit/loader/<i>/passes``: how many passes the ``i``-th loader began, at each pass start.
+PASSES = PREFIX + "loader/{}/passes"
 # Internal tags (never written as such): inputs of derived rates, and a step's end time. They start
 # with a NUL, which no name a user logs does, so s.log("_t", ...) stays the user's own tag.
 ITEMS = "\0items"

@@ -341,3 +341,22 @@ def test_the_settings_recorded_are_those_a_technique_override_put_in_force(logdi
         _train(logdir, loader, epochs=1)
     meta, _ = _meta(logdir)
     assert meta[0]["num_workers"] == 1 and meta[0]["prefetch_factor"] == 2
+
+
+def test_two_passes_begun_in_one_step_show_the_count_not_its_mean(logdir):
+    # A peek at one batch (next(iter(loader))) and the first epoch's pass both begin in step 1:
+    # the count was averaged as a user's value is, 1.5 for 2 (pass 2 never showed).
+    model = torch.nn.Linear(16, 1)
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.01))
+    train = tk.patch(DataLoader(TensorDataset(torch.randn(12, 16), torch.randn(12, 1)),
+                                batch_size=2))
+    with tk.session(logdir=logdir, system_metrics=False):
+        x0, _ = next(iter(train))
+        assert x0.shape == (2, 16)
+        for _ in range(2):
+            for x, y in train:
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+    run = load_run(logdir, logdir)
+    assert sorted(run.values(PASSES.format(0)).items()) == [(1, 2.0), (7, 3.0)]
