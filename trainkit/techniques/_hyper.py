@@ -39,7 +39,7 @@ TENSOR_BETAS_ON_CPU = (2, 5)
 
 
 def _check_tensor_betas(opt: Any, device: Any,
-                        saved: List[Tuple[Dict[str, Any], str, Any]]) -> None:
+                        saved: List["Saved"]) -> None:
     """Refuse, clearly and with the group's values restored, what this torch would fail on."""
     import re
 
@@ -128,11 +128,11 @@ class HyperTensors:
         """The optimizer (None once it was freed)."""
         return self._opt()
 
-    def swap_in(self) -> List[Tuple[Dict[str, Any], str, Any]]:
+    def swap_in(self) -> List["Saved"]:
         """Put tensors holding the current values into ``param_groups``; returns what to restore."""
         import torch
 
-        saved: List[Tuple[Dict[str, Any], str, Any]] = []
+        saved: List[Saved] = []
         self.expect_compile = False
         opt = self.opt
         if opt is None:
@@ -165,7 +165,7 @@ class HyperTensors:
                     continue  # absent, or already a tensor (the user's own recipe)
                 if not _takes_tensor(opt, group, key):
                     continue
-                saved.append((group, key, value))
+                saved.append((group, key, value, new, _versions(new), self, gi))
                 group[key] = new
         return saved
 
@@ -188,6 +188,40 @@ class HyperTensors:
             self.needs_eager = True
 
     @staticmethod
-    def restore(saved: List[Tuple[Dict[str, Any], str, Any]]) -> None:
-        for group, key, value in saved:
-            group[key] = value
+    def restore(saved: List[Saved]) -> None:
+        """Put the Python values back in ``param_groups``: those from before the call, or what
+        code run in the call set there (an LR scheduler stepped in the compiled function, as in
+        torch's recipe ``def step(): opt.step(); sched.step()``), as floats. It fills the tensor
+        it finds in a group (a scheduler's ``_update_lr``), or sets a new value (a hand-written
+        schedule's ``group["lr"] = ...``); the old float put back lost the new lr, which then
+        went missing from ``state_dict`` and the checkpoint, and a resumed run diverged."""
+        for group, key, value, put, versions, owner, gi in saved:
+            written = _versions(put) != versions
+            if written:  # filled in place in the call: what its tensors hold is not known here
+                for name in (("lr",) if key == "lr" else ("beta1", "beta2")):
+                    owner._filled.pop((gi, name), None)  # so the next call fills them again
+            now = group.get(key)
+            # Nothing in the call wrote it: the value from before. Else the call's value (in
+            # place, or set anew), with any tensor of ours in it read back as a float.
+            group[key] = value if now is put and not written else _floats(now, put)
+
+
+#: what :meth:`HyperTensors.swap_in` changed in one group: the group, the key, the value before,
+#: what was put in, its tensors' versions then, the :class:`HyperTensors` and the group's index
+Saved = Tuple[Dict[str, Any], str, Any, Any, Tuple[int, ...], "HyperTensors", int]
+
+
+def _versions(put: Any) -> Tuple[int, ...]:
+    """The version counters of the tensor(s) put in a group: an in-place write bumps them."""
+    return tuple(t._version for t in (put if isinstance(put, tuple) else (put,)))
+
+
+def _floats(value: Any, put: Any) -> Any:
+    """``value`` with each tensor of ours in it (``put``'s) read back as a float (one sync on a
+    GPU, only when the call wrote a value there)."""
+    ours = put if isinstance(put, tuple) else (put,)
+
+    def read(v: Any) -> Any:
+        return float(v.reshape(()).item()) if any(v is t for t in ours) else v
+
+    return tuple(read(v) for v in value) if isinstance(value, tuple) else read(value)

@@ -29,7 +29,7 @@ from ..session import active as _active_session  # the module name is rebound by
 from .._text import brief, user_stacklevel
 from .._optcalls import gone, rebind, unbind, uncounted
 from ..recorder import COMPILE_RECOMPILES, COMPILE_SECONDS
-from ._hyper import HyperTensors
+from ._hyper import HyperTensors, Saved
 from ._state_keeper import keep_state_tensors, release_state_tensors
 from ._zero_lr import held_at_zero_lr, put_back
 
@@ -136,7 +136,7 @@ class _Compiled:
             release_state_tensors(opt)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        saved: List[Tuple[Dict[str, Any], str, Any]] = []
+        saved: List[Saved] = []
         frames0, fails0 = _dynamo_marks()
         t0 = time.perf_counter()
         expected = False
