@@ -18,6 +18,7 @@ failed.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import re
 import time
@@ -142,7 +143,7 @@ class _Compiled:
         expected = False
         held: List[Tuple[Any, Any]] = []  # Adam/AdamW at lr 0: what NaN the step leaves (_zero_lr)
         try:
-            for opt in self.optimizers():
+            for opt in self.optimizers(args, kwargs):
                 held.extend(held_at_zero_lr(opt))
                 hyper = self._hyper_for(opt)
                 saved.extend(hyper.swap_in())
@@ -199,7 +200,7 @@ class _Compiled:
                 f"steps, or make it a tensor when you create the optimizer (e.g. "
                 f"lr=torch.tensor(0.01)); trainkit holds lr and Adam/AdamW betas as tensors "
                 f"itself. torch._logging.set_logs(recompiles=True) shows every recompile.",
-                RuntimeWarning, stacklevel=3)
+                RuntimeWarning, stacklevel=user_stacklevel(past_torch=True))
 
 
 # -- public ------------------------------------------------------------------------------------------
@@ -224,7 +225,7 @@ def compile_core(opt: Any, step: Callable[..., Any], *, mode: Optional[str] = No
     ref = weakref.ref(opt)
     eager = unbind(step, opt)  # for a call with a closure
     func, with_opt = unbind(inner, opt)
-    compiled = _Compiled(func, lambda: [o for o in (ref(),) if o is not None], mode=mode,
+    compiled = _Compiled(func, lambda *_: [o for o in (ref(),) if o is not None], mode=mode,
                          fullgraph=fullgraph, name=type(opt).__name__)
 
     def core(*args: Any, **kwargs: Any) -> Any:
@@ -241,8 +242,13 @@ def compile_core(opt: Any, step: Callable[..., Any], *, mode: Optional[str] = No
     return core
 
 
-def referenced_optimizers(fn: Callable[..., Any]) -> List[Any]:
-    """The optimizers a function names: its globals, closure cells and default arguments."""
+def referenced_optimizers(fn: Callable[..., Any], args: Tuple[Any, ...] = (),
+                          kwargs: Optional[Dict[str, Any]] = None) -> List[Any]:
+    """The optimizers a function names: its globals, closure cells and default arguments, and
+    in a call's arguments (``step(model, opt, batch)``; a list of them), or an argument's
+    attributes it reads (``self.opt`` in a method). Missed, an optimizer's lr and betas stayed
+    Python floats in the graph: a recompile at each new value of a scheduler's, and eager once
+    dynamo's limit was reached."""
     import torch
 
     inner = getattr(fn, "__wrapped__", fn)
@@ -254,6 +260,13 @@ def referenced_optimizers(fn: Callable[..., Any]) -> List[Any]:
     candidates = [glb.get(n) for n in code.co_names]
     candidates += [c.cell_contents for c in (inner.__closure__ or ()) if _cell_full(c)]
     candidates += list(inner.__defaults__ or ())
+    for arg in itertools.chain(args, (kwargs or {}).values()):
+        if isinstance(arg, (list, tuple)):
+            candidates += arg[:16]
+        elif not isinstance(arg, torch.Tensor) and hasattr(arg, "__dict__"):
+            attrs = vars(arg)  # an object whose attributes the function reads (self.opt)
+            candidates += [attrs[n] for n in code.co_names if n in attrs]
+        candidates.append(arg)
     for obj in candidates:
         if isinstance(obj, torch.optim.Optimizer) and all(obj is not f for f in found):
             found.append(obj)
@@ -276,14 +289,15 @@ def _decorate(fn: Callable[..., Any], *, mode: Optional[str], fullgraph: bool) -
         return fn
     # Looked up at each call (cheap: a few dict reads): the optimizer may be created, or
     # reassigned, after the function is decorated.
-    compiled = _Compiled(fn, lambda: referenced_optimizers(fn), mode=mode, fullgraph=fullgraph,
+    compiled = _Compiled(fn, functools.partial(referenced_optimizers, fn), mode=mode,
+                         fullgraph=fullgraph,
                          name=getattr(fn, "__qualname__", repr(fn)))
     #: optimizer -> its own step compiled, for calls inside tk.accumulate (made at the first)
     own_cores: "weakref.WeakKeyDictionary[Any, Callable[..., Any]]" = weakref.WeakKeyDictionary()
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        patches = [(o, p) for o in referenced_optimizers(fn)
+        patches = [(o, p) for o in referenced_optimizers(fn, args, kwargs)
                    if (p := optimizer_patch(o)) is not None]
         if not patches:
             return compiled(*args, **kwargs)

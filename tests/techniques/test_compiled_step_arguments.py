@@ -1,0 +1,104 @@
+"""``@tk.compiled_step`` on a function that gets its optimizer from the call: an argument
+(``def train_step(model, opt, batch)``), a keyword, a list of them, or ``self.opt`` in a method.
+
+Only the function's globals, closure and defaults were looked at, so such an optimizer's lr and
+betas stayed Python floats in the graph: under OneCycleLR every step recompiled (7 of 12) until
+dynamo's limit, then ran eagerly, with compile time recorded at each."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import trainkit as tk
+from trainkit.techniques import _hyper
+
+pytestmark = pytest.mark.skipif(
+    tuple(int(v) for v in torch.__version__.split(".")[:2]) < _hyper.TENSOR_BETAS_ON_CPU,
+    reason="a compiled CPU Adam step with moving betas needs torch >= 2.5 (refused below)")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class Trainer:
+    def __init__(self, opt):
+        self.opt = opt
+        self.other = "not an optimizer"
+
+    def step(self):
+        self.opt.step()
+
+
+def _step_arg(opt):
+    opt.step()
+
+
+def _step_list(opts):
+    for o in opts:
+        o.step()
+
+
+CALLS = {
+    "argument": lambda step, opt: step(opt),
+    "keyword": lambda step, opt: step(opt=opt),
+    "list": lambda step, opt: step([opt]),
+}
+
+
+def _run(how, compiled):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4).double()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=20)
+    x = torch.randn(8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    if how == "method":
+        trainer = Trainer(opt)
+        fn = tk.compiled_step(Trainer.step) if compiled else Trainer.step
+
+        def call():
+            fn(trainer)
+    else:
+        plain = _step_list if how == "list" else _step_arg
+        step = tk.compiled_step(plain) if compiled else plain
+
+        def call():
+            CALLS[how](step, opt)
+        fn = step
+    for _ in range(12):
+        model(x).pow(2).mean().backward()
+        call()
+        opt.zero_grad()
+        sched.step()
+    return model.weight.detach().clone(), fn
+
+
+@pytest.mark.parametrize("how", ["argument", "keyword", "list", "method"])
+def test_an_optimizer_from_the_call_is_compiled_without_recompiles(how):
+    w_eager, _ = _run(how, False)
+    w, step = _run(how, True)
+    assert step.trainkit_compiled.recompiles == 0
+    assert ((w - w_eager).norm() / w_eager.norm()).item() < 1e-5
+
+
+def test_the_recompile_warning_points_at_the_users_call():
+    # It pointed into trainkit (compiled_step.py), where the other warnings point at the user.
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.0)
+
+    @tk.compiled_step
+    def step():
+        opt.step()
+
+    with pytest.warns(RuntimeWarning, match="recompiled the optimizer step") as caught:
+        for i in range(4):  # the warning comes at the first recompile after 2 warm-up calls
+            model(torch.randn(2, 4)).sum().backward()
+            opt.param_groups[0]["weight_decay"] = 0.01 * i  # a float the graph holds: a guard
+            step()  # the line the warning names
+            opt.zero_grad()
+    (w,) = [w for w in caught if "recompiled" in str(w.message)]
+    assert w.filename == __file__
+    assert "step()  # the line the warning names" in open(__file__).read().splitlines()[w.lineno - 1]
