@@ -133,3 +133,49 @@ def test_swapped_arguments_and_lbfgs_are_refused_and_numpy_counts_taken():
     assert optimizer_patch(lbfgs) is None  # refused before anything changed
     with tk.accumulate(np.int64(3), opt) as acc:
         assert acc.n == 3 and type(acc.n) is int
+
+
+def test_add_items_where_windows_are_divided_by_micro_batches_is_refused():
+    # normalize="items" forgotten: the items were dropped without a word, and the losses summed
+    # for them (reduction="sum") divided by 2 micro-batches alone: a 5x larger update.
+    m, opt = _setup()
+    with tk.accumulate(2, opt) as acc:
+        m(torch.ones(5, 2)).sum().backward()
+        with pytest.raises(ValueError, match=r"add_items\(5\).*normalize='items'"):
+            acc.add_items(5)
+        assert acc.items == 0.0 and acc._adds == 0
+        opt.step()
+        opt.zero_grad()
+    tk.unpatch(opt)
+
+
+def test_add_items_after_the_step_warns_once_at_the_window_it_left_short():
+    # Called after optimizer.step(), a window's last micro-batch's items count in the next
+    # window: the first window was divided by 5 items for its 10 (a 2x update), said nowhere.
+    m, opt = _setup()
+    with pytest.warns(RuntimeWarning, match=r"called 1 time\(s\) in a window of 2") as caught:
+        with tk.accumulate(2, opt, normalize="items") as acc:
+            for _ in range(6):
+                m(torch.ones(5, 2)).sum().backward()
+                opt.step()  # the window's end: the warning points here
+                opt.zero_grad()
+                acc.add_items(5)
+    (w,) = [w for w in caught if "add_items was called" in str(w.message)]
+    assert w.filename == __file__
+    tk.unpatch(opt)
+
+
+def test_add_items_once_per_micro_batch_warns_nothing():
+    import warnings
+
+    m, opt = _setup()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with tk.accumulate(2, opt, normalize="items") as acc:
+            for _ in range(5):  # the last window short: one micro-batch, one call
+                m(torch.ones(5, 2)).sum().backward()
+                acc.add_items(5)
+                opt.step()
+                opt.zero_grad()
+    assert acc.steps == 3
+    tk.unpatch(opt)

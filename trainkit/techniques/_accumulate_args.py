@@ -91,3 +91,48 @@ def check_clip(max_norm: Any, call: str) -> Optional[float]:
         raise ValueError(f"{call}: clip_grad_norm={brief(max_norm)} is not a max norm; pass a "
                          f"finite number > 0 (or None: no clipping), e.g. clip_grad_norm=1.0")
     return value
+
+
+def items_value(acc: Any, k: Any) -> float:
+    """``acc.add_items(k)``'s ``k`` as a float, refusing what is no count of items, and any count
+    where the window is divided by its micro-batches (``normalize="mean"``): there the items were
+    dropped without a word, and losses summed over a micro-batch (``reduction="sum"``, as one
+    writes for "items") were divided by the micro-batches alone: an update k times too large."""
+    if isinstance(k, (bool, str, bytes)):
+        raise TypeError(f"add_items({k!r}): k must be a number of items, e.g. acc.add_items(len(y))")
+    try:
+        v = float(k)  # a 0-d tensor too (y.numel() is an int; a mask's .sum() a tensor)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"add_items({brief(k)}): k must be a number of items, "
+                        f"e.g. acc.add_items(len(y))") from None
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"add_items({k!r}): k must be a finite number >= 0 of items in this "
+                         f"micro-batch, e.g. acc.add_items(len(y))")
+    if acc.normalize != "items":
+        raise ValueError(f"add_items({k!r}) in tk.accumulate({acc.n}, optimizer) (normalize="
+                         f"{acc.normalize!r}): its windows are divided by their micro-batches, "
+                         f"and items counted are not used; to divide by them (losses with "
+                         f"reduction='sum'), use tk.accumulate({acc.n}, optimizer, "
+                         f"normalize='items')")
+    return v
+
+
+def check_item_calls(acc: Any, micro_batches: int) -> None:
+    """Warn (once a block) where a window ends with fewer ``add_items`` calls than micro-batches:
+    called after ``optimizer.step()``, each window's last micro-batch's items went to the next
+    window, and the first window was divided by too few (5 items for 10, a 2x update)."""
+    if acc.normalize != "items" or not 0 < acc._adds < micro_batches or acc._warned_adds:
+        return  # none at all: prepare() refuses the window, saying how
+    import warnings
+
+    from .._text import user_stacklevel
+
+    acc._warned_adds = True
+    warnings.warn(
+        f"tk.accumulate({acc.n}, normalize='items'): acc.add_items was called {acc._adds} "
+        f"time(s) in a window of {micro_batches} micro-batches. Called after optimizer.step(), "
+        f"a window's last micro-batch's items count in the next window, and the first one is "
+        f"divided by too few (its update too large). Call acc.add_items(k) once per "
+        f"micro-batch, before its optimizer.step(), e.g. right after the loss: "
+        f"acc.add_items(y.numel())", RuntimeWarning,
+        stacklevel=user_stacklevel())

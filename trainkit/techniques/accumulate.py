@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import sys
 from typing import Any, Callable, Iterator, List, Optional
 
 from .._wrapped import inner_optimizer
 from ..patch import optimizer_patch, patch as _patch_opt, wrap_zero_grad
 from . import data_parallel as dp
-from ._accumulate_args import Normalize, check_args
+from ._accumulate_args import Normalize, check_args, check_item_calls, items_value
 
 #: The accumulate blocks open right now, innermost last: the state of the ``with`` blocks, as
 #: autocast keeps its own; amp.backward reads it to spot a loss divided by n a second time.
@@ -75,6 +74,8 @@ class Accumulator:
         self.micro_batches = 0
         self.steps = 0
         self.items = 0.0
+        self._adds = 0  # add_items calls in the current window
+        self._warned_adds = False
         self.stepped = False
         self._prepared = False  # the current window's gradients are synced and divided
         self._force = False  # the exit's step of a partial window
@@ -104,17 +105,8 @@ class Accumulator:
 
             loss = F.cross_entropy(logits, y, reduction="sum"); acc.add_items(y.numel())
         """
-        if isinstance(k, (bool, str, bytes)):
-            raise TypeError(f"add_items({k!r}): k must be a number of items, e.g. acc.add_items(len(y))")
-        try:
-            v = float(k)  # a 0-d tensor too (y.numel() is an int; a mask's .sum() a tensor)
-        except (TypeError, ValueError, RuntimeError):
-            raise TypeError(f"add_items({k!r}): k must be a number of items, "
-                            f"e.g. acc.add_items(len(y))") from None
-        if not math.isfinite(v) or v < 0:
-            raise ValueError(f"add_items({k!r}): k must be a finite number >= 0 of items in this "
-                             f"micro-batch, e.g. acc.add_items(len(y))")
-        self.items += v
+        self.items += items_value(self, k)
+        self._adds += 1
 
     # -- the gate protocol (trainkit.patch) ------------------------------------------------------
     def should_step(self) -> bool:
@@ -164,6 +156,7 @@ class Accumulator:
             return
         grads = _grads(self.optimizer)
         if self.normalize == "items":
+            check_item_calls(self, self.micro_batches + (0 if self._force else 1))
             # Every data-parallel rank takes part, one with no items too (its tokens all padding):
             # only a window with none on any rank is refused, on every rank alike, before
             # anything is synced or divided (one rank raising alone would leave the others
@@ -203,6 +196,7 @@ class Accumulator:
         self.micro_batches = 0
         self._zero_held = False
         self.items = 0.0
+        self._adds = 0
         self._prepared = False
         self._unsynced = False
         if stepped:
