@@ -205,6 +205,25 @@ def test_bad_input(kwargs, needle):
     assert not _cpu_autocast_on()
 
 
+@pytest.mark.parametrize("what, needle", [
+    ("model", "got a model (nn.Module)"), ("params", "got list"), ("scaler", "got GradScaler")])
+def test_amp_step_of_what_is_no_optimizer_says_so_before_anything_is_unscaled(what, needle):
+    # It failed inside GradScaler: "'Linear' object has no attribute 'param_groups'".
+    m = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)  # 65536 overflows fp16 here
+    with tk.autocast_scaled(scaler, dtype="fp16") as amp:
+        loss = m(torch.ones(1, 2)).float().sum()
+    amp.backward(loss)
+    grads = [p.grad.clone() for p in m.parameters()]
+    bad = {"model": m, "params": list(m.parameters()), "scaler": scaler}[what]
+    with pytest.raises(TypeError, match=r"amp\.step\(.*expected the torch\.optim\.Optimizer") as e:
+        amp.step(bad)
+    assert needle in str(e.value) and "amp.step(optimizer)" in str(e.value)
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, m.parameters()))  # still scaled
+    assert amp.step(opt)  # the right call works on the same backward
+
+
 def test_the_device_defaults_to_the_scalers_own(monkeypatch):
     """With CUDA in use in the process, a GradScaler('cpu') still means a loop on the CPU (it was
     autocast on 'cuda' for CPU tensors: nothing cast, nothing ever skipped); without a scaler, or

@@ -103,6 +103,8 @@ def _scalars(logdir: Any) -> Dict[str, List[float]]:
 # -- fast: validation, the switch, and one compile run --------------------------------------------
 @pytest.mark.parametrize("call, err, text", [
     (lambda: tk.compiled_step(42), TypeError, "compiled_step(42)"),
+    # a model is callable: it was taken for a step function, its forward compiled
+    (lambda: tk.compiled_step(torch.nn.Linear(2, 2)), TypeError, "torch.compile(model)"),
     (lambda: tk.compiled_step(mode="fastest"), ValueError, "'fastest'"),
     (lambda: tk.compiled_step(fullgraph="yes"), TypeError, "'yes'"),
 ])

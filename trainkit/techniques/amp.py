@@ -96,6 +96,7 @@ class Amp:
             amp.backward(loss); amp.step(optimizer, clip_grad_norm=1.0); optimizer.zero_grad()
         """
         clip_grad_norm = check_clip(clip_grad_norm, "amp.step(optimizer, ...)")
+        _check_optimizer(optimizer)
         inner = inner_optimizer(optimizer)
         if inner is not None and getattr(optimizer_patch(inner), "gate", None) is not None:
             optimizer = inner  # accelerate's prepared one in tk.accumulate (which the gate is on)
@@ -181,6 +182,19 @@ class Amp:
     def __repr__(self) -> str:
         return (f"<trainkit.autocast_scaled dtype={self.dtype} device_type={self.device_type!r} "
                 f"scaler={'on' if self._scaling() else 'off'} skipped={self.skipped}>")
+
+
+def _check_optimizer(optimizer: Any) -> None:
+    """Refuse what is no optimizer (a model, its parameters, the scaler), before anything is
+    unscaled: it failed inside GradScaler with "'Linear' object has no attribute 'param_groups'"."""
+    import torch
+
+    if isinstance(optimizer, torch.optim.Optimizer) or hasattr(optimizer, "param_groups"):
+        return  # (an optimizer-like object GradScaler can step too)
+    what = ("a model (nn.Module)" if isinstance(optimizer, torch.nn.Module)
+            else type(optimizer).__name__)
+    raise TypeError(f"amp.step({brief(optimizer)}): expected the torch.optim.Optimizer to step, "
+                    f"got {what}; e.g. amp.backward(loss); amp.step(optimizer)")
 
 
 def _step_of(s: Any, before: int, optimizer: Any) -> int:

@@ -406,6 +406,16 @@ def compiled_step(target: Any = None, *, mode: Optional[Mode] = None,
 
 
 def _decorate_checked(fn: Any, *, mode: Optional[str], fullgraph: bool) -> Callable[..., Any]:
+    import torch
+
+    if isinstance(fn, torch.nn.Module):
+        # Callable, so it was taken for a step function: a plain function came back, which
+        # compiled the forward (its compile time filed as the optimizer step's), and
+        # `model = tk.compiled_step(model)` failed later at model.parameters().
+        raise TypeError(f"compiled_step({type(fn).__name__}(...)): this is a model (nn.Module); "
+                        f"compiled_step compiles an optimizer's step. Compile the model with "
+                        f"torch.compile(model), and the step with tk.compiled_step(optimizer) "
+                        f"or @tk.compiled_step on `def step(): opt.step()`")
     if not callable(fn) or isinstance(fn, type):
         raise TypeError(f"compiled_step({brief(fn)}): expected a function that steps the optimizer "
                         f"or a torch.optim.Optimizer; e.g. @tk.compiled_step on `def step(): "
