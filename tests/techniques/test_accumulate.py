@@ -414,6 +414,29 @@ def test_other_losses_do_not_warn(divide):
     assert _amp_window_loop(divide) == []
 
 
+@pytest.mark.parametrize("loss_of", [
+    lambda out, y: torch.nn.functional.mse_loss(out, y, reduction="sum") / out.shape[0],
+    lambda out, y: (out - y).pow(2).sum() / len(out),
+])
+def test_a_sum_over_a_micro_batch_of_n_items_divided_by_them_does_not_warn(loss_of):
+    # A per-sample mean written by hand, on micro-batches of exactly n items: it looks like
+    # "loss / n", and the warning told the user to drop the division (a 4x too large update).
+    import warnings
+
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with tk.accumulate(4, opt):
+            for _ in range(8):
+                with tk.autocast_scaled(dtype="fp32") as amp:
+                    loss = loss_of(model(torch.ones(4, 3)), torch.zeros(4, 1))
+                amp.backward(loss)
+                amp.step(opt)
+                opt.zero_grad()
+    tk.unpatch(opt)
+
+
 def _two_losses_loop(weight_ce, weight_aux):
     """Two losses, two amp.backward calls a micro-batch (retain_graph), under accumulate(2)."""
     import warnings

@@ -6,8 +6,9 @@ loss's last autograd node, and a literal ``loss / n`` (or ``loss * (1 / n)``) wi
 window's ``n`` gets one warning per block. It is said at the micro-batch's ``step()``, and only
 when every ``amp.backward`` of that micro-batch was so divided: in a loop with several losses
 (``amp.backward(ce); amp.backward(0.5 * aux)`` under ``accumulate(2, ...)``) a factor of 1/n on
-one of them is its weight. A plain ``loss.backward()`` is left to ``trainkit lint`` (TK104),
-which finds the division in the source.
+one of them is its weight. A sum divided by ``n`` (``loss_sum / len(x)`` on micro-batches of
+``n`` items) is a mean over the micro-batch, and no warning. A plain ``loss.backward()`` is left
+to ``trainkit lint`` (TK104), which finds the division in the source.
 """
 from __future__ import annotations
 
@@ -51,7 +52,27 @@ def _divided_by(loss: Any, n: int) -> bool:
     if not isinstance(other, torch.Tensor) or other.numel() != 1 or other.device.type != "cpu":
         return False
     value = float(other)
-    return value == n if name.startswith("Div") else abs(value * n - 1.0) < 1e-9
+    if not (value == n if name.startswith("Div") else abs(value * n - 1.0) < 1e-9):
+        return False
+    return not _a_sum(fn)
+
+
+def _a_sum(fn: Any) -> bool:
+    """Whether the divided value is a sum (``.sum()``, a loss with ``reduction="sum"``): then the
+    division is a mean over a micro-batch of ``n`` items (``loss_sum / len(x)``), which is right,
+    not the accumulation's ``loss / n`` (a mean loss divided again)."""
+    try:
+        node = fn.next_functions[0][0]
+    except (AttributeError, IndexError, RuntimeError):
+        return False
+    if node is None:
+        return False
+    if node.name().startswith("SumBackward"):
+        return True
+    try:
+        return int(node._saved_reduction) == 2  # torch's Reduction::Sum
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        return False
 
 
 def check_micro_batch(acc: Any) -> None:
