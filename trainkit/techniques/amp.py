@@ -21,10 +21,11 @@ gradients. Outside ``accumulate`` the user's own scaler calls work unchanged, in
 from __future__ import annotations
 
 import contextlib
+import warnings
 import weakref
 from typing import Any, Iterator, Literal, Optional, Tuple
 
-from .._text import brief
+from .._text import brief, user_stacklevel
 from .._wrapped import inner_optimizer
 from ..patch import optimizer_patch
 from . import data_parallel as dp
@@ -113,6 +114,8 @@ class Amp:
                              f"the loop in tk.accumulate(1, optimizer, model=fsdp_model) (or n "
                              f"micro-batches), and amp.step clips through it")
         boundary = getattr(gate, "boundary", True)
+        if gate is not None and self._backward_at is not None:
+            _check_one_scale(gate, self._backward_at, boundary, optimizer)
         if not boundary:  # inside a window: no unscale, no update, the gate counts the call
             optimizer.step()
             gate.amp_step = lambda: self._real_step(optimizer, clip_grad_norm, gate)
@@ -182,6 +185,30 @@ class Amp:
     def __repr__(self) -> str:
         return (f"<trainkit.autocast_scaled dtype={self.dtype} device_type={self.device_type!r} "
                 f"scaler={'on' if self._scaling() else 'off'} skipped={self.skipped}>")
+
+
+def _check_one_scale(gate: Any, count: int, boundary: bool, optimizer: Any) -> None:
+    """Warn (once a block) when one window's micro-batches were scaled by different scales: one
+    GradScaler shared by two accumulate blocks whose windows do not step together (a GAN's two
+    optimizers, a backward each), where the other's step updated the scale mid-window. The
+    window is unscaled by one scale, so its earlier micro-batches weigh 2x (a growth) or 1/2x
+    (a backoff) what they should; at every backoff early in fp16 training."""
+    counts = gate.__dict__.setdefault("_scale_counts", set())
+    counts.add(count)  # the scaler's updates before this micro-batch's amp.backward
+    if not boundary:
+        return
+    mixed = len(counts) > 1
+    counts.clear()
+    if mixed and not gate.__dict__.get("_warned_scales"):
+        gate._warned_scales = True
+        warnings.warn(
+            f"tk.accumulate({gate.n}, {type(optimizer).__name__}): the GradScaler's scale changed "
+            f"inside this window (another optimizer's amp.step updated it), so its micro-batches "
+            f"were scaled by different scales and are unscaled by one: the earlier ones weigh "
+            f"2x or 1/2x. Give each accumulated optimizer its own GradScaler (e.g. "
+            f"autocast_scaled(scaler_d) for the discriminator, autocast_scaled(scaler_g) for the "
+            f"generator), or run all backwards of a micro-batch before its amp.step calls",
+            RuntimeWarning, stacklevel=user_stacklevel())
 
 
 def _check_optimizer(optimizer: Any) -> None:
