@@ -179,3 +179,26 @@ def test_add_items_once_per_micro_batch_warns_nothing():
                 opt.zero_grad()
     assert acc.steps == 3
     tk.unpatch(opt)
+
+
+def test_a_plain_step_after_a_scaled_backward_is_refused_before_it_steps():
+    # amp.backward(loss) with a GradScaler, then optimizer.step() (amp.step forgotten): the
+    # window stepped on gradients scaled by 65536, without a word (a weight change of ~2000).
+    m, opt = _setup()
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    w = m.weight.detach().clone()
+    with tk.accumulate(2, opt):
+        for i in range(2):
+            with tk.autocast_scaled(scaler, dtype="fp16") as amp:
+                loss = m(torch.ones(1, 2)).float().sum()
+            amp.backward(loss)
+            if i == 0:
+                opt.step()  # inside the window: only counted
+            else:
+                with pytest.raises(RuntimeError, match=r"Use amp\.step\(optimizer\)"):
+                    opt.step()
+                assert torch.equal(w, m.weight)  # not stepped
+                assert amp.step(opt)  # the right call, on the same window
+        opt.zero_grad()
+    assert not torch.equal(w, m.weight)
+    tk.unpatch(opt)

@@ -75,6 +75,7 @@ class Accumulator:
         self.steps = 0
         self.items = 0.0
         self._adds = 0  # add_items calls in the current window
+        self._scaled = False  # amp.backward scaled a loss in the current window
         self._warned_adds = False
         self.stepped = False
         self._prepared = False  # the current window's gradients are synced and divided
@@ -137,6 +138,12 @@ class Accumulator:
                 f"the window would never close, and the exit's step of a partial last window "
                 f"would use scaled gradients. Use amp.step(optimizer) from "
                 f"`with tk.autocast_scaled(scaler) as amp` at every micro-batch")
+        if self._scaled and not self._amp_stepping and not _is_user_scaler_step():
+            raise RuntimeError(
+                f"optimizer.step() at the end of a tk.accumulate({self.n}, ...) window whose "
+                f"gradients amp.backward scaled by the GradScaler: the step would use gradients "
+                f"scale times too large (and never skip an inf/nan). Use amp.step(optimizer), "
+                f"which unscales, skips bad steps and updates the scale")
         self.prepare()
         if self.clip_grad_norm is not None:
             self.clip()
@@ -197,6 +204,7 @@ class Accumulator:
         self._zero_held = False
         self.items = 0.0
         self._adds = 0
+        self._scaled = False
         self._prepared = False
         self._unsynced = False
         if stepped:

@@ -30,6 +30,7 @@ from .._wrapped import inner_optimizer
 from ..patch import optimizer_patch
 from . import data_parallel as dp
 from ._accumulate_args import check_clip
+from .accumulate import _open as _open_blocks
 from .divided import warn_if_divided
 from ..session import active as _active_session
 from .. import switches, timing
@@ -78,6 +79,9 @@ class Amp:
         warn_if_divided(loss)  # a second division by n inside tk.accumulate
         if self._scaling():
             self._backward_at = _updates.get(self.scaler, (0, None))[0]
+            if len(_open_blocks) == 1:  # (with several open, whose gradients it scaled is
+                # not known): its window's end must unscale (amp.step), not step as they are
+                _open_blocks[0]._scaled = True
         (self.scaler.scale(loss) if self._scaling() else loss).backward(**kwargs)
 
     def step(self, optimizer: Any, clip_grad_norm: Optional[float] = None) -> bool:
