@@ -49,6 +49,30 @@ def test_an_unwritable_default_folder_exits_2_naming_it(tmp_path, monkeypatch, c
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("name", ["afile", "a file's"])
+def test_a_logdir_that_is_a_file_is_said_as_the_option_with_its_fix(tmp_path, capsys, name):
+    # It said the Python call's words: "session(logdir='afile') ... e.g. logdir='afile_runs'".
+    import shlex
+
+    path = tmp_path / name
+    path.write_text("")
+    assert cli.main(["demo", "--no-progress", "--logdir", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"trainkit demo: --logdir {shlex.quote(str(path))}: ")
+    assert err.rstrip().endswith(f"e.g. --logdir {shlex.quote(str(path) + '_runs')}")
+    assert "session(" not in err and "logdir=" not in err
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--epochs", "0"], "--epochs 0: must be a positive int, e.g. --epochs 2"),
+    (["--train-size", "0"], "--train-size 0: must be a positive int, e.g. --train-size 2"),
+    (["--max-seconds", "-1"], "--max-seconds -1.0: must be > 0, e.g. --max-seconds 50")])
+def test_a_bad_option_is_said_as_given(tmp_path, capsys, args, said):
+    # "trainkit demo: demo epochs=0: ..." said "demo" twice, and not the option's name.
+    assert cli.main(["demo", "--logdir", str(tmp_path / "r"), *args]) == 2
+    assert capsys.readouterr().err == f"trainkit demo: {said}\n"
+
+
 def test_the_printed_tensorboard_command_is_quoted(tmp_path):
     result = demo.DemoResult(logdir=str(tmp_path / "my runs" / "demo-1"), steps=1,
                              median_step_ms=1.0, samples_per_s=1.0, data_wait_share=0.0,

@@ -7,10 +7,13 @@ Each subcommand's module is imported only when that subcommand runs, so ``traink
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import dataclasses
 import importlib
 import io
+import re
+import shlex
 import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -46,8 +49,9 @@ def _demo_run(args: argparse.Namespace) -> int:
                                  batch_size=args.batch_size, max_seconds=args.max_seconds,
                                  progress=not args.no_progress)
         demo.check_memory(config)  # a --batch-size that cannot fit: said before anything is made
-    except ValueError as exc:
-        return _usage.leave(f"trainkit demo: {exc}\n")
+    except ValueError as exc:  # "demo epochs=0: ..." said as the option given: "--epochs 0: ..."
+        said = re.sub(r"^demo (\w+)=", lambda m: "--" + m[1].replace("_", "-") + " ", str(exc))
+        return _usage.leave(f"trainkit demo: {said}\n")
     # The default folder is fixed (and made) here, so it is checked like a given one and the run
     # says it.
     logdir = demo.default_logdir() if args.logdir is None else args.logdir
@@ -59,8 +63,22 @@ def _demo_run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         hint = "" if args.logdir is not None else (
             " (the default run folder, under the current directory: choose another with --logdir DIR)")
-        return _usage.leave(f"trainkit demo: {exc}{hint}\n")
+        return _usage.leave(f"trainkit demo: {_as_option(str(exc))}{hint}\n")
     return demo.main(config)
+
+
+_LOGDIR_ARG = re.compile(r"""(session\()?logdir=('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")(\))?""")
+
+
+def _as_option(message: str) -> str:
+    """A session's logdir error as the command line says it: ``--logdir DIR``, not
+    ``session(logdir='DIR')`` and ``e.g. logdir='DIR_runs'`` (the Python call's words)."""
+    def option(m: "re.Match[str]") -> str:
+        if bool(m[1]) != bool(m[3]):
+            return m[0]  # not the call, nor a keyword alone
+        return "--logdir " + shlex.quote(ast.literal_eval(m[2]))
+
+    return _LOGDIR_ARG.sub(option, message)
 
 
 def _hooks(name: str) -> Tuple[Callable[[argparse.ArgumentParser], None],

@@ -58,7 +58,7 @@ def test_two_ranks_on_made_as_used_data_stop_together(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("bad,said", [
-    (["--epochs", "0"], "trainkit demo: demo epochs=0: must be a positive int, e.g. --epochs 2\n"),
+    (["--epochs", "0"], "trainkit demo: --epochs 0: must be a positive int, e.g. --epochs 2\n"),
     (["--epochs", "x"], "trainkit demo: error: argument --epochs: invalid int value: 'x'\n"),
 ])
 def test_a_usage_error_is_said_once_and_every_rank_exits_2(tmp_path, bad, said):
@@ -126,7 +126,7 @@ def test_a_rank_that_is_not_first_says_no_usage_error(monkeypatch, capsys):
     assert capsys.readouterr() == ("", "")
     _rank(monkeypatch, 0)
     assert cli.main(["demo", "--epochs", "0"]) == 2
-    assert capsys.readouterr().err == "trainkit demo: demo epochs=0: must be a positive int, e.g. --epochs 2\n"
+    assert capsys.readouterr().err == "trainkit demo: --epochs 0: must be a positive int, e.g. --epochs 2\n"
 
 
 def test_ranks_meet_in_torchruns_store_and_one_not_met_says_it_itself(monkeypatch, capsys):
@@ -141,7 +141,7 @@ def test_ranks_meet_in_torchruns_store_and_one_not_met_says_it_itself(monkeypatc
 
     from trainkit import _usage, cli
 
-    said = "trainkit demo: demo epochs=0: must be a positive int, e.g. --epochs 2\n"
+    said = "trainkit demo: --epochs 0: must be a positive int, e.g. --epochs 2\n"
     port = free_port()
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                      timeout=datetime.timedelta(seconds=30))
