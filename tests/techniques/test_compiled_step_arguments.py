@@ -10,18 +10,9 @@ import pytest
 import torch
 
 import trainkit as tk
-from trainkit.techniques import _hyper
+from ._dynamo import fresh_dynamo, moving_betas  # noqa: F401 (an autouse fixture)
 
-pytestmark = pytest.mark.skipif(
-    tuple(int(v) for v in torch.__version__.split(".")[:2]) < _hyper.TENSOR_BETAS_ON_CPU,
-    reason="a compiled CPU Adam step with moving betas needs torch >= 2.5 (refused below)")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = moving_betas
 
 
 class Trainer:

@@ -13,19 +13,7 @@ import torch
 import trainkit as tk
 from tests.helpers import fail_on_runtime_warnings
 from tests.conftest import scalars
-from trainkit.techniques import _hyper
-
-#: OneCycleLR moves Adam's betas, which a compiled step holds as tensors: CPU needs torch >= 2.5.
-moving_betas = pytest.mark.skipif(
-    tuple(int(v) for v in torch.__version__.split(".")[:2]) < _hyper.TENSOR_BETAS_ON_CPU,
-    reason="a compiled CPU Adam step with moving betas needs torch >= 2.5 (refused below)")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+from ._dynamo import fresh_dynamo, moving_betas  # noqa: F401 (an autouse fixture)
 
 
 def _train(compiled: bool, logdir):

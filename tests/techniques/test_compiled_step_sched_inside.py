@@ -11,19 +11,8 @@ import pytest
 import torch
 
 import trainkit as tk
-from trainkit.techniques import _hyper
 
-moving_betas = pytest.mark.skipif(
-    tuple(int(v) for v in torch.__version__.split(".")[:2]) < _hyper.TENSOR_BETAS_ON_CPU,
-    reason="a compiled CPU Adam step with moving betas needs torch >= 2.5 (refused below)")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
+from ._dynamo import fresh_dynamo, moving_betas  # noqa: F401 (an autouse fixture)
 
 SCHEDULES = {
     "linear": lambda opt: torch.optim.lr_scheduler.LinearLR(opt, 1.0, 0.1, total_iters=8),
