@@ -136,3 +136,22 @@ def check_item_calls(acc: Any, micro_batches: int) -> None:
         f"micro-batch, before its optimizer.step(), e.g. right after the loss: "
         f"acc.add_items(y.numel())", RuntimeWarning,
         stacklevel=user_stacklevel())
+
+
+def warn_scaled_step(acc: Any) -> None:
+    """Warn (once a block) of a plain ``optimizer.step()`` ending a window in which
+    ``amp.backward`` scaled a loss: unless that loss was another optimizer's, the step uses
+    gradients scale times too large (65536 by default) and never skips an inf/nan."""
+    if acc._warned_scaled:
+        return
+    import warnings
+
+    from .._text import user_stacklevel
+
+    acc._warned_scaled = True
+    warnings.warn(
+        f"optimizer.step() ends a tk.accumulate({acc.n}, ...) window in which amp.backward "
+        f"scaled a loss by the GradScaler: if that loss trained this optimizer, the step uses "
+        f"gradients scale times too large (and never skips an inf/nan). Use amp.step(optimizer), "
+        f"which unscales, skips bad steps and updates the scale", RuntimeWarning,
+        stacklevel=user_stacklevel())

@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterator, List, Optional
 from .._wrapped import inner_optimizer
 from ..patch import optimizer_patch, patch as _patch_opt, wrap_zero_grad
 from . import data_parallel as dp
-from ._accumulate_args import Normalize, check_args, check_item_calls, items_value
+from ._accumulate_args import Normalize, check_args, check_item_calls, items_value, \
+    warn_scaled_step
 
 #: The accumulate blocks open right now, innermost last: the state of the ``with`` blocks, as
 #: autocast keeps its own; amp.backward reads it to spot a loss divided by n a second time.
@@ -77,6 +78,7 @@ class Accumulator:
         self._adds = 0  # add_items calls in the current window
         self._scaled = False  # amp.backward scaled a loss in the current window
         self._warned_adds = False
+        self._warned_scaled = False
         self.stepped = False
         self._prepared = False  # the current window's gradients are synced and divided
         self._force = False  # the exit's step of a partial window
@@ -139,11 +141,7 @@ class Accumulator:
                 f"would use scaled gradients. Use amp.step(optimizer) from "
                 f"`with tk.autocast_scaled(scaler) as amp` at every micro-batch")
         if self._scaled and not self._amp_stepping and not _is_user_scaler_step():
-            raise RuntimeError(
-                f"optimizer.step() at the end of a tk.accumulate({self.n}, ...) window whose "
-                f"gradients amp.backward scaled by the GradScaler: the step would use gradients "
-                f"scale times too large (and never skip an inf/nan). Use amp.step(optimizer), "
-                f"which unscales, skips bad steps and updates the scale")
+            warn_scaled_step(self)  # a warning: that loss may have been another optimizer's
         self.prepare()
         if self.clip_grad_norm is not None:
             self.clip()
