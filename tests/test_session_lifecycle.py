@@ -131,7 +131,18 @@ class _Interrupting:
         pass
 
 
-def test_a_ctrl_c_during_close_acts_once_everything_is_written(tmp_path):
+@pytest.fixture
+def python_ctrl_c():
+    """Python's own Ctrl-C handler, whatever the runner had: one started in the background by a
+    shell without job control (`bash .ci/run &`) inherits SIGINT ignored, and so is the replay."""
+    import signal
+
+    prev = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, prev)
+
+
+def test_a_ctrl_c_during_close_acts_once_everything_is_written(tmp_path, python_ctrl_c):
     import signal
 
     s = tk.session(logdir=tmp_path, system_metrics=False, flush_secs=60)
