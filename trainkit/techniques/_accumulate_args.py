@@ -1,11 +1,13 @@
-"""What ``tk.accumulate`` (and ``amp.step``'s ``clip_grad_norm``) refuse, before any state changes."""
+"""What ``tk.accumulate`` (and ``amp.step``'s ``clip_grad_norm``) refuse, before any state changes,
+and what an accumulate block warns of, once each (:func:`warn_once`)."""
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Literal, Optional, Tuple
+import warnings
+from typing import Any, Literal, NoReturn, Optional, Tuple
 
-from .._text import brief
+from .._text import brief, user_stacklevel
 from .._wrapped import inner_optimizer
 from . import data_parallel as dp
 
@@ -121,37 +123,51 @@ def check_item_calls(acc: Any, micro_batches: int) -> None:
     """Warn (once a block) where a window ends with fewer ``add_items`` calls than micro-batches:
     called after ``optimizer.step()``, each window's last micro-batch's items went to the next
     window, and the first window was divided by too few (5 items for 10, a 2x update)."""
-    if acc.normalize != "items" or not 0 < acc._adds < micro_batches or acc._warned_adds:
+    if acc.normalize != "items" or not 0 < acc._adds < micro_batches:
         return  # none at all: prepare() refuses the window, saying how
-    import warnings
-
-    from .._text import user_stacklevel
-
-    acc._warned_adds = True
-    warnings.warn(
+    warn_once(acc, "add_items",
         f"tk.accumulate({acc.n}, normalize='items'): acc.add_items was called {acc._adds} "
         f"time(s) in a window of {micro_batches} micro-batches. Called after optimizer.step(), "
         f"a window's last micro-batch's items count in the next window, and the first one is "
         f"divided by too few (its update too large). Call acc.add_items(k) once per "
         f"micro-batch, before its optimizer.step(), e.g. right after the loss: "
-        f"acc.add_items(y.numel())", RuntimeWarning,
-        stacklevel=user_stacklevel())
+        f"acc.add_items(y.numel())")
+
+
+def refuse_user_scaler_step(n: int, *, boundary: bool) -> NoReturn:
+    """Refuse a ``scaler.step(optimizer)`` of the user's inside ``tk.accumulate``: inside a
+    window, and at its end too, where it is still wrong: a step GradScaler skips (inf/nan) never
+    reaches the gate, so the window would stay open with the inf in it for good, and a partial
+    last window, stepped on exit, would step on scaled gradients."""
+    if not boundary:
+        raise RuntimeError(
+            "scaler.step(optimizer) inside tk.accumulate: GradScaler unscales the "
+            "gradients at every micro-batch, which corrupts the accumulated sum (and its "
+            "update() changes the scale mid-window). Use amp.step(optimizer) from "
+            "`with tk.autocast_scaled(scaler) as amp`, which unscales only at the "
+            "window's last micro-batch")
+    raise RuntimeError(
+        f"scaler.step(optimizer) inside tk.accumulate({n}, ...), even at a window's "
+        f"end: a step GradScaler skips (inf/nan gradients) is one trainkit cannot see, so "
+        f"the window would never close, and the exit's step of a partial last window "
+        f"would use scaled gradients. Use amp.step(optimizer) from "
+        f"`with tk.autocast_scaled(scaler) as amp` at every micro-batch")
 
 
 def warn_scaled_step(acc: Any) -> None:
     """Warn (once a block) of a plain ``optimizer.step()`` ending a window in which
     ``amp.backward`` scaled a loss: unless that loss was another optimizer's, the step uses
     gradients scale times too large (65536 by default) and never skips an inf/nan."""
-    if acc._warned_scaled:
-        return
-    import warnings
-
-    from .._text import user_stacklevel
-
-    acc._warned_scaled = True
-    warnings.warn(
+    warn_once(acc, "scaled step",
         f"optimizer.step() ends a tk.accumulate({acc.n}, ...) window in which amp.backward "
         f"scaled a loss by the GradScaler: if that loss trained this optimizer, the step uses "
         f"gradients scale times too large (and never skips an inf/nan). Use amp.step(optimizer), "
-        f"which unscales, skips bad steps and updates the scale", RuntimeWarning,
-        stacklevel=user_stacklevel())
+        f"which unscales, skips bad steps and updates the scale")
+
+
+def warn_once(acc: Any, what: str, message: str, category: type = RuntimeWarning) -> None:
+    """Warn of ``what`` once per accumulate block ``acc``, pointing at the user's line."""
+    if what in acc._said:
+        return
+    acc._said.add(what)
+    warnings.warn(message, category, stacklevel=user_stacklevel())

@@ -24,7 +24,7 @@ from .._wrapped import inner_optimizer
 from ..patch import optimizer_patch, patch as _patch_opt, wrap_zero_grad
 from . import data_parallel as dp
 from ._accumulate_args import Normalize, check_args, check_item_calls, items_value, \
-    warn_scaled_step
+    refuse_user_scaler_step, warn_scaled_step
 
 #: The accumulate blocks open right now, innermost last: the state of the ``with`` blocks, as
 #: autocast keeps its own; amp.backward reads it to spot a loss divided by n a second time.
@@ -77,14 +77,14 @@ class Accumulator:
         self.items = 0.0
         self._adds = 0  # add_items calls in the current window
         self._scaled = False  # amp.backward scaled a loss in the current window
-        self._warned_adds = False
-        self._warned_scaled = False
+        #: the scaler's update counts at this window's amp.backward calls (amp._check_one_scale)
+        self._scale_counts: set = set()
+        self._said: set = set()  # what this block warned of, once each (warn_once)
         self.stepped = False
         self._prepared = False  # the current window's gradients are synced and divided
         self._force = False  # the exit's step of a partial window
         self._unsynced = False  # the window's last backward ran with DDP/FSDP2 sync off
         self._sync = True  # what the forward pre-hook last set
-        self._warned_divided = False
         #: this micro-batch's amp.backward calls, and those whose loss was divided by n
         self._backwards = 0
         self._divided_backwards = 0
@@ -119,29 +119,18 @@ class Accumulator:
             check_micro_batch(self)
         if not self.boundary:
             if _is_user_scaler_step():
-                raise RuntimeError(
-                    "scaler.step(optimizer) inside tk.accumulate: GradScaler unscales the "
-                    "gradients at every micro-batch, which corrupts the accumulated sum (and its "
-                    "update() changes the scale mid-window). Use amp.step(optimizer) from "
-                    "`with tk.autocast_scaled(scaler) as amp`, which unscales only at the "
-                    "window's last micro-batch")
+                refuse_user_scaler_step(self.n, boundary=False)
             self.micro_batches += 1
             self._unsynced = self._sync_off()
             self._zero_held = False
             self.stepped = False
             return False
-        if self.n > 1 and not self._amp_stepping and _is_user_scaler_step():
-            # Only at the window's end, yet still wrong: a step GradScaler skips (inf/nan) never
-            # reaches this gate, so the window would stay open with the inf in it for good, and
-            # a partial last window, stepped on exit, would step on scaled gradients.
-            raise RuntimeError(
-                f"scaler.step(optimizer) inside tk.accumulate({self.n}, ...), even at a window's "
-                f"end: a step GradScaler skips (inf/nan gradients) is one trainkit cannot see, so "
-                f"the window would never close, and the exit's step of a partial last window "
-                f"would use scaled gradients. Use amp.step(optimizer) from "
-                f"`with tk.autocast_scaled(scaler) as amp` at every micro-batch")
-        if self._scaled and not self._amp_stepping and not _is_user_scaler_step():
-            warn_scaled_step(self)  # a warning: that loss may have been another optimizer's
+        if not self._amp_stepping and (self.n > 1 or self._scaled):
+            by_scaler = _is_user_scaler_step()  # once: a walk up the stack
+            if by_scaler and self.n > 1:
+                refuse_user_scaler_step(self.n, boundary=True)
+            if self._scaled and not by_scaler:
+                warn_scaled_step(self)  # a warning: that loss may have been another optimizer's
         self.prepare()
         if self.clip_grad_norm is not None:
             self.clip()
@@ -203,6 +192,7 @@ class Accumulator:
         self.items = 0.0
         self._adds = 0
         self._scaled = False
+        self._scale_counts.clear()
         self._prepared = False
         self._unsynced = False
         if stepped:

@@ -21,15 +21,14 @@ gradients. Outside ``accumulate`` the user's own scaler calls work unchanged, in
 from __future__ import annotations
 
 import contextlib
-import warnings
 import weakref
 from typing import Any, Iterator, Literal, Optional, Tuple
 
-from .._text import brief, user_stacklevel
+from .._text import brief
 from .._wrapped import inner_optimizer
 from ..patch import optimizer_patch
 from . import data_parallel as dp
-from ._accumulate_args import check_clip
+from ._accumulate_args import check_clip, warn_once
 from .accumulate import _open as _open_blocks
 from .divided import warn_if_divided
 from ..session import active as _active_session
@@ -197,22 +196,15 @@ def _check_one_scale(gate: Any, count: int, boundary: bool, optimizer: Any) -> N
     optimizers, a backward each), where the other's step updated the scale mid-window. The
     window is unscaled by one scale, so its earlier micro-batches weigh 2x (a growth) or 1/2x
     (a backoff) what they should; at every backoff early in fp16 training."""
-    counts = gate.__dict__.setdefault("_scale_counts", set())
-    counts.add(count)  # the scaler's updates before this micro-batch's amp.backward
-    if not boundary:
-        return
-    mixed = len(counts) > 1
-    counts.clear()
-    if mixed and not gate.__dict__.get("_warned_scales"):
-        gate._warned_scales = True
-        warnings.warn(
+    gate._scale_counts.add(count)  # the scaler's updates before this micro-batch's amp.backward
+    if boundary and len(gate._scale_counts) > 1:  # (the window's end clears them)
+        warn_once(gate, "scales",
             f"tk.accumulate({gate.n}, {type(optimizer).__name__}): the GradScaler's scale changed "
             f"inside this window (another optimizer's amp.step updated it), so its micro-batches "
             f"were scaled by different scales and are unscaled by one: the earlier ones weigh "
             f"2x or 1/2x. Give each accumulated optimizer its own GradScaler (e.g. "
             f"autocast_scaled(scaler_d) for the discriminator, autocast_scaled(scaler_g) for the "
-            f"generator), or run all backwards of a micro-batch before its amp.step calls",
-            RuntimeWarning, stacklevel=user_stacklevel())
+            f"generator), or run all backwards of a micro-batch before its amp.step calls")
 
 
 def _check_optimizer(optimizer: Any) -> None:

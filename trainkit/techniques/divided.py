@@ -12,11 +12,12 @@ to ``trainkit lint`` (TK104), which finds the division in the source.
 """
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
-from .._text import user_stacklevel
+from ._accumulate_args import warn_once
 from .accumulate import _open
+
+_SAID = "divided"  # warned once a block (Accumulator._said)
 
 
 def warn_if_divided(loss: Any) -> None:
@@ -29,7 +30,7 @@ def warn_if_divided(loss: Any) -> None:
     if not _open:
         return
     acc = _open[-1]
-    if acc.normalize != "mean" or acc.n == 1 or acc._warned_divided:
+    if acc.normalize != "mean" or acc.n == 1 or _SAID in acc._said:
         return
     acc._backwards += 1
     if _divided_by(loss, acc.n):
@@ -80,10 +81,9 @@ def check_micro_batch(acc: Any) -> None:
     by ``n`` (one of several, a loss's weight, is not), and count the next micro-batch's."""
     backwards, divided = acc._backwards, acc._divided_backwards
     acc._backwards = acc._divided_backwards = 0
-    if divided and divided == backwards and not acc._warned_divided:
-        acc._warned_divided = True
-        warnings.warn(
+    if divided and divided == backwards:
+        warn_once(acc, _SAID,
             f"the loss is divided by {acc.n} inside tk.accumulate({acc.n}, ...), which already "
             f"divides the gradients by the micro-batches in each window: the update is {acc.n}x "
             f"too small. Drop the division (pass the plain per-micro-batch mean loss)",
-            UserWarning, stacklevel=user_stacklevel())
+            UserWarning)
