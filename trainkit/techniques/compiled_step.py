@@ -18,7 +18,6 @@ failed.
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import re
 import time
@@ -31,6 +30,7 @@ from .._text import brief, user_stacklevel
 from .._optcalls import gone, rebind, unbind, uncounted
 from ..recorder import COMPILE_RECOMPILES, COMPILE_SECONDS
 from ._hyper import HyperTensors, Saved
+from ._step_optimizers import referenced_optimizers
 from ._state_keeper import keep_state_tensors, release_state_tensors
 from ._zero_lr import held_at_zero_lr, put_back
 
@@ -137,13 +137,17 @@ class _Compiled:
             release_state_tensors(opt)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.run(self.optimizers(args, kwargs), args, kwargs)
+
+    def run(self, opts: List[Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        """The call, with ``opts`` the optimizers it steps (found by the caller already)."""
         saved: List[Saved] = []
         frames0, fails0 = _dynamo_marks()
         t0 = time.perf_counter()
         expected = False
         held: List[Tuple[Any, Any]] = []  # Adam/AdamW at lr 0: what NaN the step leaves (_zero_lr)
         try:
-            for opt in self.optimizers(args, kwargs):
+            for opt in opts:
                 held.extend(held_at_zero_lr(opt))
                 hyper = self._hyper_for(opt)
                 saved.extend(hyper.swap_in())
@@ -242,65 +246,25 @@ def compile_core(opt: Any, step: Callable[..., Any], *, mode: Optional[str] = No
     return core
 
 
-def referenced_optimizers(fn: Callable[..., Any], args: Tuple[Any, ...] = (),
-                          kwargs: Optional[Dict[str, Any]] = None) -> List[Any]:
-    """The optimizers a function names: its globals, closure cells and default arguments, and
-    in a call's arguments (``step(model, opt, batch)``; a list of them), or an argument's
-    attributes it reads (``self.opt`` in a method). Missed, an optimizer's lr and betas stayed
-    Python floats in the graph: a recompile at each new value of a scheduler's, and eager once
-    dynamo's limit was reached."""
-    import torch
-
-    inner = getattr(fn, "__wrapped__", fn)
-    code = getattr(inner, "__code__", None)
-    if code is None:
-        return []
-    found: List[Any] = []
-    glb = getattr(inner, "__globals__", {})
-    candidates = [glb.get(n) for n in code.co_names]
-    candidates += [c.cell_contents for c in (inner.__closure__ or ()) if _cell_full(c)]
-    candidates += list(inner.__defaults__ or ())
-    for arg in itertools.chain(args, (kwargs or {}).values()):
-        if isinstance(arg, (list, tuple)):
-            candidates += arg[:16]
-        elif not isinstance(arg, torch.Tensor) and hasattr(arg, "__dict__"):
-            attrs = vars(arg)  # an object whose attributes the function reads (self.opt)
-            candidates += [attrs[n] for n in code.co_names if n in attrs]
-        candidates.append(arg)
-    for obj in candidates:
-        if isinstance(obj, torch.optim.Optimizer) and all(obj is not f for f in found):
-            found.append(obj)
-    return found
-
-
-def _cell_full(cell: Any) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:  # a free variable not assigned yet
-        return False
-    return True
-
-
 def _decorate(fn: Callable[..., Any], *, mode: Optional[str], fullgraph: bool) -> Callable[..., Any]:
     from ..patch import optimizer_patch
     from ..switches import technique
 
     if not technique("compile", True):
         return fn
-    # Looked up at each call (cheap: a few dict reads): the optimizer may be created, or
-    # reassigned, after the function is decorated.
+    # Looked up at each call, by the wrapper (cheap: a few dict reads): the optimizer may be
+    # created, or reassigned, after the function is decorated, or come with the call.
     compiled = _Compiled(fn, functools.partial(referenced_optimizers, fn), mode=mode,
-                         fullgraph=fullgraph,
-                         name=getattr(fn, "__qualname__", repr(fn)))
+                         fullgraph=fullgraph, name=getattr(fn, "__qualname__", repr(fn)))
     #: optimizer -> its own step compiled, for calls inside tk.accumulate (made at the first)
     own_cores: "weakref.WeakKeyDictionary[Any, Callable[..., Any]]" = weakref.WeakKeyDictionary()
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        patches = [(o, p) for o in referenced_optimizers(fn, args, kwargs)
-                   if (p := optimizer_patch(o)) is not None]
+        opts = referenced_optimizers(fn, args, kwargs)  # once a call: run() gets them too
+        patches = [(o, p) for o in opts if (p := optimizer_patch(o)) is not None]
         if not patches:
-            return compiled(*args, **kwargs)
+            return compiled.run(opts, args, kwargs)
         if any(p.gate is not None for _o, p in patches):
             # Inside tk.accumulate the function may run a micro-batch's forward and backward
             # too: they must run at every call, and before the gate divides (and clips) the
@@ -330,7 +294,7 @@ def _decorate(fn: Callable[..., Any], *, mode: Optional[str], fullgraph: bool) -
             for o, p in patches:
                 o.__dict__["step"] = p.orig_step
             try:
-                return compiled(*args, **kwargs)
+                return compiled.run(opts, args, kwargs)
             finally:
                 for (o, _p), prev in zip(patches, before):
                     o.__dict__["step"] = prev
