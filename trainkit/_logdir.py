@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import datetime
 import os
+import shlex
 import socket
-from typing import Any
+from typing import Any, Optional
 
 from . import _env
 
@@ -60,30 +61,35 @@ def fresh_folder(path: str) -> str:
     return path
 
 
-def check_logdir(logdir: Any) -> str:
+def check_logdir(logdir: Any, *, option: Optional[str] = None) -> str:
     """``logdir`` as a path to a writable folder (made if missing; ``~`` expanded), or a clear
-    error."""
+    error: in the words of ``tk.session(logdir=...)``, or of a command's ``option``
+    (``--logdir DIR``) where that is how the user gave it."""
+    def said(p: str) -> str:  # how a folder is given: the keyword, or the option
+        return f"{option} {shlex.quote(p)}" if option else f"logdir={p!r}"
+
     if not isinstance(logdir, (str, os.PathLike)):
         raise TypeError(f"session(logdir={logdir!r}): logdir must be a path (str or os.PathLike), "
                         f"e.g. tk.session(logdir='runs/exp1')")
-    path = os.fsdecode(os.fspath(logdir))
-    if not path:
-        raise ValueError("session(logdir=''): logdir must not be empty, e.g. tk.session(logdir='runs/exp1')")
     # "~/runs" as a shell would read it: os.makedirs would make a folder named "~" here (which a
     # later `rm -rf ~` to clean it up would turn into a disaster).
-    path = os.path.expanduser(path)
+    path = os.path.expanduser(os.fsdecode(os.fspath(logdir)))
+    lead = said(path) if option else f"session({said(path)})"
+    if not path:
+        example = said("runs/exp1") if option else "tk.session(logdir='runs/exp1')"
+        raise ValueError(f"{lead}: logdir must not be empty, e.g. {example}")
     if "\0" in path:
-        raise ValueError(f"session(logdir={path!r}): a path cannot hold a NUL character ('\\0'); "
-                         f"pass a folder name without one, e.g. logdir='runs/exp1'")
+        raise ValueError(f"{lead}: a path cannot hold a NUL character ('\\0'); "
+                         f"pass a folder name without one, e.g. {said('runs/exp1')}")
     if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"session(logdir={path!r}): {path!r} is a file, not a folder; "
-                         f"pass a folder (created if missing), e.g. logdir={path + '_runs'!r}")
+        raise ValueError(f"{lead}: {path!r} is a file, not a folder; "
+                         f"pass a folder (created if missing), e.g. {said(path + '_runs')}")
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
-        raise ValueError(f"session(logdir={path!r}): cannot create the folder ({exc.strerror}); "
-                         f"pass a folder you can write to, e.g. logdir='runs/exp1'") from None
+        raise ValueError(f"{lead}: cannot create the folder ({exc.strerror}); "
+                         f"pass a folder you can write to, e.g. {said('runs/exp1')}") from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise ValueError(f"session(logdir={path!r}): the folder is not writable; "
-                         f"pass a folder you can write to, e.g. logdir='runs/exp1'")
+        raise ValueError(f"{lead}: the folder is not writable; "
+                         f"pass a folder you can write to, e.g. {said('runs/exp1')}")
     return path

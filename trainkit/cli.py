@@ -7,13 +7,11 @@ Each subcommand's module is imported only when that subcommand runs, so ``traink
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import dataclasses
 import importlib
 import io
 import re
-import shlex
 import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -56,29 +54,15 @@ def _demo_run(args: argparse.Namespace) -> int:
     # says it.
     logdir = demo.default_logdir() if args.logdir is None else args.logdir
     config = dataclasses.replace(config, logdir=logdir)
-    from .session import _check_logdir
+    from ._logdir import check_logdir
 
-    try:  # a bad folder is refused here, not after a traceback
-        _check_logdir(logdir)
+    try:  # a bad folder is refused here, not after a traceback, as the option it came by
+        check_logdir(logdir, option="--logdir")
     except ValueError as exc:
         hint = "" if args.logdir is not None else (
             " (the default run folder, under the current directory: choose another with --logdir DIR)")
-        return _usage.leave(f"trainkit demo: {_as_option(str(exc))}{hint}\n")
+        return _usage.leave(f"trainkit demo: {exc}{hint}\n")
     return demo.main(config)
-
-
-_LOGDIR_ARG = re.compile(r"""(session\()?logdir=('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")(\))?""")
-
-
-def _as_option(message: str) -> str:
-    """A session's logdir error as the command line says it: ``--logdir DIR``, not
-    ``session(logdir='DIR')`` and ``e.g. logdir='DIR_runs'`` (the Python call's words)."""
-    def option(m: "re.Match[str]") -> str:
-        if bool(m[1]) != bool(m[3]):
-            return m[0]  # not the call, nor a keyword alone
-        return "--logdir " + shlex.quote(ast.literal_eval(m[2]))
-
-    return _LOGDIR_ARG.sub(option, message)
 
 
 def _hooks(name: str) -> Tuple[Callable[[argparse.ArgumentParser], None],
