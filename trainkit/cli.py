@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import importlib
 import io
-import re
 import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -47,9 +46,8 @@ def _demo_run(args: argparse.Namespace) -> int:
                                  batch_size=args.batch_size, max_seconds=args.max_seconds,
                                  progress=not args.no_progress)
         demo.check_memory(config)  # a --batch-size that cannot fit: said before anything is made
-    except ValueError as exc:  # "demo epochs=0: ..." said as the option given: "--epochs 0: ..."
-        said = re.sub(r"^demo (\w+)=", lambda m: "--" + m[1].replace("_", "-") + " ", str(exc))
-        return _usage.leave(f"trainkit demo: {said}\n")
+    except ValueError as exc:
+        return _usage.leave(f"trainkit demo: {exc}\n")
     # The default folder is fixed (and made) here, so it is checked like a given one and the run
     # says it.
     logdir = demo.default_logdir() if args.logdir is None else args.logdir

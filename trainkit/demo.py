@@ -52,9 +52,10 @@ class DemoConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 fix = "DemoConfig(val_size=2048)" if name == "val_size" else f"--{name.replace('_', '-')} 2"
-                raise ValueError(f"demo {name}={value!r}: must be a positive int, e.g. {fix}")
+                raise ValueError(f"{_said(name, value)}: must be a positive int, e.g. {fix}")
         if not self.max_seconds > 0:
-            raise ValueError(f"demo max_seconds={self.max_seconds!r}: must be > 0, e.g. --max-seconds 50")
+            raise ValueError(f"{_said('max_seconds', self.max_seconds)}: must be > 0, "
+                             f"e.g. --max-seconds 50")
         if not self.lr > 0:
             raise ValueError(f"demo lr={self.lr!r}: must be > 0, e.g. 1e-3")
         from .workloads.mnist import MAX_IMAGES
@@ -63,8 +64,16 @@ class DemoConfig:
             name, value, fix = (("val_size", self.val_size, "DemoConfig(val_size=2048)")
                                 if self.val_size > self.train_size else
                                 ("train_size", self.train_size, "--train-size 6400"))
-            raise ValueError(f"demo {name}={value!r}: at most 2**62 images, training and "
+            raise ValueError(f"{_said(name, value)}: at most 2**62 images, training and "
                              f"validation ones together, e.g. {fix}")
+
+
+def _said(name: str, value: Any) -> str:
+    """A setting as ``trainkit demo`` takes it (``--epochs 0``), or, where it is no option of the
+    command's, as the config's field (``demo val_size=0``)."""
+    if name in ("val_size", "lr"):
+        return f"demo {name}={value!r}"
+    return f"--{name.replace('_', '-')} {value!r}"
 
 
 @dataclasses.dataclass(frozen=True)
