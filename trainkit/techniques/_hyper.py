@@ -188,15 +188,19 @@ class HyperTensors:
             self.needs_eager = True
 
     @staticmethod
-    def restore(saved: List[Saved]) -> None:
+    def restore(saved: List[Saved]) -> List[Dict[str, Any]]:
         """Put the Python values back in ``param_groups``: those from before the call, or what
         code run in the call set there (an LR scheduler stepped in the compiled function, as in
         torch's recipe ``def step(): opt.step(); sched.step()``), as floats. It fills the tensor
         it finds in a group (a scheduler's ``_update_lr``), or sets a new value (a hand-written
         schedule's ``group["lr"] = ...``); the old float put back lost the new lr, which then
-        went missing from ``state_dict`` and the checkpoint, and a resumed run diverged."""
+        went missing from ``state_dict`` and the checkpoint, and a resumed run diverged.
+        Returns the groups whose lr code in the call set (see :func:`last_lr_floats`)."""
+        lr_set: List[Dict[str, Any]] = []
         for group, key, value, put, versions, owner, gi in saved:
             written = _versions(put) != versions
+            if key == "lr" and (written or group.get(key) is not put):
+                lr_set.append(group)
             if written:  # filled in place in the call: what its tensors hold is not known here
                 for name in (("lr",) if key == "lr" else ("beta1", "beta2")):
                     owner._filled.pop((gi, name), None)  # so the next call fills them again
@@ -204,6 +208,25 @@ class HyperTensors:
             # Nothing in the call wrote it: the value from before. Else the call's value (in
             # place, or set anew), with any tensor of ours in it read back as a float.
             group[key] = value if now is put and not written else _floats(now, put)
+        return lr_set
+
+
+def last_lr_floats(schedulers: List[Any], lr_set: List[Dict[str, Any]]) -> None:
+    """Python floats in the ``_last_lr`` of LR schedulers stepped in a compiled call, for the
+    groups whose lr the call set (``lr_set``, from :meth:`HyperTensors.restore`), as in
+    ``param_groups`` by then: a scheduler keeps ``[group["lr"] for group in param_groups]``,
+    which were the call's lr tensors, so ``get_last_lr()`` gave 0-d tensors (its state_dict, and
+    a checkpoint, too) where eager gives floats. A user's own tensor lr is left as it is."""
+    import torch
+
+    def set_here(v: Any, group: Dict[str, Any]) -> bool:
+        return isinstance(v, torch.Tensor) and isinstance(group.get("lr"), float) \
+            and any(group is g for g in lr_set)
+
+    for sched in schedulers:
+        last, groups = sched._last_lr, sched.optimizer.param_groups
+        if len(last) == len(groups) and any(set_here(v, g) for v, g in zip(last, groups)):
+            sched._last_lr = [g["lr"] if set_here(v, g) else v for v, g in zip(last, groups)]
 
 
 #: what :meth:`HyperTensors.swap_in` changed in one group: the group, the key, the value before,

@@ -1,5 +1,6 @@
 """The optimizers a ``@tk.compiled_step`` function steps, found without running it: the ones it
-names (globals, closure cells, default arguments) and the ones a call hands it."""
+names (globals, closure cells, default arguments) and the ones a call hands it; and the LR
+schedulers it may step, found the same way."""
 from __future__ import annotations
 
 import itertools
@@ -15,11 +16,37 @@ def referenced_optimizers(fn: Callable[..., Any], args: Tuple[Any, ...] = (),
     dynamo's limit was reached."""
     import torch
 
+    found: List[Any] = []
+    for obj in _named(fn, args, kwargs):
+        if isinstance(obj, torch.optim.Optimizer) and all(obj is not f for f in found):
+            found.append(obj)
+    return found
+
+
+def referenced_schedulers(fn: Callable[..., Any], args: Tuple[Any, ...],
+                          kwargs: Dict[str, Any], opts: List[Any]) -> List[Any]:
+    """The LR schedulers of ``opts`` that ``fn`` names, or a call hands it, as for optimizers
+    (:func:`referenced_optimizers`): the objects there with a ``_last_lr`` list and one of
+    ``opts`` for their ``optimizer`` (torch's LRScheduler and ReduceLROnPlateau, and look-alikes
+    of theirs)."""
+    found: List[Any] = []
+    for obj in _named(fn, args, kwargs):
+        if isinstance(getattr(obj, "_last_lr", None), list) \
+                and any(getattr(obj, "optimizer", None) is o for o in opts) \
+                and all(obj is not f for f in found):
+            found.append(obj)
+    return found
+
+
+def _named(fn: Callable[..., Any], args: Tuple[Any, ...],
+           kwargs: Optional[Dict[str, Any]]) -> List[Any]:
+    """What ``fn`` names, and what a call hands it (see :func:`referenced_optimizers`)."""
+    import torch
+
     inner = getattr(fn, "__wrapped__", fn)
     code = getattr(inner, "__code__", None)
     if code is None:
         return []
-    found: List[Any] = []
     glb = getattr(inner, "__globals__", {})
     candidates = [glb.get(n) for n in code.co_names]
     candidates += [c.cell_contents for c in (inner.__closure__ or ()) if _cell_full(c)]
@@ -31,10 +58,7 @@ def referenced_optimizers(fn: Callable[..., Any], args: Tuple[Any, ...] = (),
             attrs = vars(arg)  # an object whose attributes the function reads (self.opt)
             candidates += [attrs[n] for n in code.co_names if n in attrs]
         candidates.append(arg)
-    for obj in candidates:
-        if isinstance(obj, torch.optim.Optimizer) and all(obj is not f for f in found):
-            found.append(obj)
-    return found
+    return candidates
 
 
 def _cell_full(cell: Any) -> bool:

@@ -29,8 +29,8 @@ from ..session import active as _active_session  # the module name is rebound by
 from .._text import brief, user_stacklevel
 from .._optcalls import gone, rebind, unbind, uncounted
 from ..recorder import COMPILE_RECOMPILES, COMPILE_SECONDS
-from ._hyper import HyperTensors, Saved
-from ._step_optimizers import referenced_optimizers
+from ._hyper import HyperTensors, Saved, last_lr_floats
+from ._step_optimizers import referenced_optimizers, referenced_schedulers
 from ._state_keeper import keep_state_tensors, release_state_tensors
 from ._zero_lr import held_at_zero_lr, put_back
 
@@ -161,7 +161,9 @@ class _Compiled:
             put_back(held)
             return out
         finally:
-            HyperTensors.restore(saved)
+            lr_set = HyperTensors.restore(saved)
+            if lr_set:  # an LR scheduler stepped in the call: its _last_lr in floats too
+                last_lr_floats(referenced_schedulers(self.fn, args, kwargs, opts), lr_set)
             self.calls += 1
             frames1, fails1 = _dynamo_marks()
             if frames1 != frames0:  # this call compiled: its time is compile time, not step time
