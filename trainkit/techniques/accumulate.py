@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from .._wrapped import inner_optimizer
 from ..patch import optimizer_patch, patch as _patch_opt, wrap_zero_grad
@@ -77,8 +77,8 @@ class Accumulator:
         self.items = 0.0
         self._adds = 0  # add_items calls in the current window
         self._scaled = False  # amp.backward scaled a loss in the current window
-        #: the scaler's update counts at this window's amp.backward calls (amp._check_one_scale)
-        self._scale_counts: set = set()
+        #: (GradScaler, its update count) whose scale this window's gradients are at (_amp_scales)
+        self._grads_at: Optional[Tuple[Any, int]] = None
         self._said: set = set()  # what this block warned of, once each (warn_once)
         self.stepped = False
         self._prepared = False  # the current window's gradients are synced and divided
@@ -192,7 +192,7 @@ class Accumulator:
         self.items = 0.0
         self._adds = 0
         self._scaled = False
-        self._scale_counts.clear()
+        self._grads_at = None
         self._prepared = False
         self._unsynced = False
         if stepped:

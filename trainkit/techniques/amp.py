@@ -28,7 +28,8 @@ from .._text import brief
 from .._wrapped import inner_optimizer
 from ..patch import optimizer_patch
 from . import data_parallel as dp
-from ._accumulate_args import check_clip, warn_once
+from . import _amp_scales as scales
+from ._accumulate_args import check_clip
 from .accumulate import _open as _open_blocks
 from .divided import warn_if_divided
 from ..session import active as _active_session
@@ -117,8 +118,10 @@ class Amp:
                              f"the loop in tk.accumulate(1, optimizer, model=fsdp_model) (or n "
                              f"micro-batches), and amp.step clips through it")
         boundary = getattr(gate, "boundary", True)
-        if gate is not None and self._backward_at is not None:
-            _check_one_scale(gate, self._backward_at, boundary, optimizer)
+        if hasattr(gate, "_grads_at") and self._backward_at is not None:
+            # an accumulate block's window: its gradients at the scale in force (_amp_scales)
+            scales.align(gate, self.scaler, self._backward_at,
+                         _updates.get(self.scaler, (0, None))[0], optimizer)
         if not boundary:  # inside a window: no unscale, no update, the gate counts the call
             optimizer.step()
             gate.amp_step = lambda: self._real_step(optimizer, clip_grad_norm, gate)
@@ -137,17 +140,21 @@ class Amp:
         # A second optimizer stepped on the same backward (`amp.step(o1); amp.step(o2)`): the
         # first's update changed the scale its gradients were scaled by, so they are unscaled
         # by the scale before it, and no second update is made (torch's recipe: one a backward).
+        # An accumulate block's window gradients follow the scale (_amp_scales): they are at the
+        # scale in force, and only the update is not made again.
         count, before = _updates.get(self.scaler, (0, None)) if scaling else (0, None)
         stale = before is not None and self._backward_at == count - 1
         current = self.scaler._scale if stale else None
-        if stale:
+        at = getattr(gate, "_grads_at", None)
+        swap = stale and not (at is not None and at[0] is self.scaler and at[1] == count)
+        if swap:
             self.scaler._scale = before
         try:
             if scaling:
                 self.scaler.unscale_(optimizer)
             return self._unscaled_step(optimizer, clip, gate, s, step, scaling, current)
         finally:
-            if stale:
+            if swap:
                 self.scaler._scale = current
 
     def _unscaled_step(self, optimizer: Any, clip: Optional[float], gate: Any, s: Any,
@@ -170,6 +177,7 @@ class Amp:
             before = self.scaler._scale.clone()  # no sync: a copy on the scale's device
             self.scaler.update()
             _updates[self.scaler] = (count + 1, before)
+            scales.updated(self.scaler, count, before, _open_blocks, gate)
         if not stepped:
             _skipped[self.scaler] = self.skipped + 1
             # The LR scheduler's "lr_scheduler.step() before optimizer.step()" warning is about a
@@ -188,23 +196,6 @@ class Amp:
     def __repr__(self) -> str:
         return (f"<trainkit.autocast_scaled dtype={self.dtype} device_type={self.device_type!r} "
                 f"scaler={'on' if self._scaling() else 'off'} skipped={self.skipped}>")
-
-
-def _check_one_scale(gate: Any, count: int, boundary: bool, optimizer: Any) -> None:
-    """Warn (once a block) when one window's micro-batches were scaled by different scales: one
-    GradScaler shared by two accumulate blocks whose windows do not step together (a GAN's two
-    optimizers, a backward each), where the other's step updated the scale mid-window. The
-    window is unscaled by one scale, so its earlier micro-batches weigh 2x (a growth) or 1/2x
-    (a backoff) what they should; at every backoff early in fp16 training."""
-    gate._scale_counts.add(count)  # the scaler's updates before this micro-batch's amp.backward
-    if boundary and len(gate._scale_counts) > 1:  # (the window's end clears them)
-        warn_once(gate, "scales",
-            f"tk.accumulate({gate.n}, {type(optimizer).__name__}): the GradScaler's scale changed "
-            f"inside this window (another optimizer's amp.step updated it), so its micro-batches "
-            f"were scaled by different scales and are unscaled by one: the earlier ones weigh "
-            f"2x or 1/2x. Give each accumulated optimizer its own GradScaler (e.g. "
-            f"autocast_scaled(scaler_d) for the discriminator, autocast_scaled(scaler_g) for the "
-            f"generator), or run all backwards of a micro-batch before its amp.step calls")
 
 
 def _check_optimizer(optimizer: Any) -> None:
