@@ -59,11 +59,15 @@ def _call_division(expr: ast.expr, reciprocals: FrozenSet[str]) -> Optional[ast.
 
 def is_normalisation(expr: ast.expr, reciprocals: FrozenSet[str] = _NO_NAMES) -> bool:
     """Whether ``expr`` divides: ``x / n``, ``x * (1 / n)``, ``x * 0.25``, ``x.div(n)``, ``x * scale``,
-    or a sum whose every term divides (``ce / n + kl / n``).
+    or a sum whose every term divides (``ce / n + kl / n``), or a conditional expression one of
+    whose branches divides (``loss / n if n > 1 else loss``: divided whenever accumulation is on,
+    as the ``if n > 1: loss /= n`` block form is).
 
     ``reciprocals`` are names bound to ``1 / n`` (``loss_scale = 1.0 / accum``).
     """
     expr = unwrap_scale(expr)
+    if isinstance(expr, ast.IfExp):
+        return is_normalisation(expr.body, reciprocals) or is_normalisation(expr.orelse, reciprocals)
     if isinstance(expr, ast.BinOp):
         if isinstance(expr.op, ast.Div):
             return True
@@ -79,6 +83,9 @@ def loss_name(expr: Optional[ast.expr], reciprocals: FrozenSet[str] = _NO_NAMES)
     if expr is None:
         return None
     expr = unwrap_scale(expr)
+    if isinstance(expr, ast.IfExp):  # `loss / n if n > 1 else loss`: the same loss on both sides
+        names = {loss_name(expr.body, reciprocals), loss_name(expr.orelse, reciprocals)}
+        return names.pop() if len(names) == 1 else None
     if isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Div, ast.Mult)):
         side = expr.right if is_reciprocal(expr.left, reciprocals) else expr.left
         return loss_name(side, reciprocals)
@@ -204,6 +211,9 @@ def divisor(node: ast.AST, reciprocals: FrozenSet[str] = _NO_NAMES) -> Optional[
         return divisor(node.value, reciprocals) if node.value is not None else None
     if isinstance(node, ast.expr):
         expr = unwrap_scale(node)
+        if isinstance(expr, ast.IfExp):  # the dividing branch's divisor
+            body = divisor(expr.body, reciprocals)
+            return body if body is not None else divisor(expr.orelse, reciprocals)
         if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div):
             return expr.right
         if isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Add, ast.Sub)):
