@@ -14,6 +14,7 @@ import re
 from typing import Callable, Dict, Iterator, List, Optional, Set
 
 from trainkit.lint._core import FileContext, TrainingLoop
+from trainkit.lint._host_consumers import feeds_environment
 from trainkit.lint._nodes import dotted, has_modulo, method_name, names_in
 from trainkit.lint._loss import loss_of
 from trainkit.lint._registry import Hit, rule
@@ -235,8 +236,8 @@ def check_host_sync(ctx: FileContext) -> Iterator[Hit]:
                 if printed is None:
                     continue
                 found = f"`{ast.unparse(call)}` formats tensor `{printed}` and"
-            if _exempt(ctx, loop, call):
-                continue
+            if _exempt(ctx, loop, call) or feeds_environment(ctx, loop, call):
+                continue  # logging, or the environment needs the value on the host
             yield Hit(
                 call,
                 f"{found} {waits}",
