@@ -34,6 +34,21 @@ _HOST_FACTORIES = frozenset({
 _TENSORISH_RE = re.compile(
     r"^(\w*loss\w*|logits?|outputs?|outs?|preds?|predictions?|y_?hat|grads?)$", re.IGNORECASE
 )
+# Objects holding a run's settings: `args.aux_loss_weight`, `cfg.train.loss_scale`,
+# `self.hparams.loss_weight`, `model_config.loss_type` are Python values, not tensors.
+_CONFIG_RE = re.compile(r"(^|_)(args|arguments|cfg|conf|config|configs|hparams|hyperparams|hp|opts|options|"
+                        r"flags|settings)$", re.IGNORECASE)
+
+
+def _tensorish(name: Optional[str], tensors: Set[str], numbers: Set[str]) -> bool:
+    """Whether the dotted ``name`` looks like a tensor: the loss, or a tensor-like last name
+    (``loss``, ``logits``, ``outputs.logits``) that is no number and no config attribute."""
+    if not name or name in numbers:
+        return False
+    if name in tensors:
+        return True
+    parts = name.split(".")
+    return bool(_TENSORISH_RE.match(parts[-1])) and not any(_CONFIG_RE.search(p) for p in parts[:-1])
 
 
 def _implies(test: ast.expr, holds: bool, leaf: Callable[[ast.expr, bool], bool]) -> bool:
@@ -170,9 +185,7 @@ def _printed_tensor(call: ast.Call, tensors: Set[str], numbers: Set[str]) -> Opt
         values = [v.value for v in arg.values if isinstance(v, ast.FormattedValue)] if isinstance(arg, ast.JoinedStr) else [arg]
         for value in values:
             name = dotted(value)
-            if name in numbers:
-                continue
-            if name and (name in tensors or _TENSORISH_RE.match(name.split(".")[-1])):
+            if _tensorish(name, tensors, numbers):
                 return name
     return None
 
@@ -196,9 +209,7 @@ def _converted_tensor(call: ast.Call, tensors: Set[str], numbers: Set[str]) -> O
             return None  # `float(loss.item())`: the `.item()` is the sync, reported itself
         arg = arg.func.value  # `loss.detach()`, `logits.argmax()`: the tensor it is called on
     name = dotted(arg)
-    if not name or name in numbers:
-        return None
-    return name if name in tensors or _TENSORISH_RE.match(name.split(".")[-1]) else None
+    return name if _tensorish(name, tensors, numbers) else None
 
 
 @rule(
