@@ -4,18 +4,17 @@ from __future__ import annotations
 import ast
 import os
 import sys
-import tokenize
-from typing import Collection, FrozenSet, Iterator, List, Optional, Set, Union
+from typing import Collection, FrozenSet, List, Optional, Union
 
 from trainkit.lint._core import FileContext
 from trainkit.lint._depth import check_depth
+from trainkit.lint._files import PathArg, as_path, as_paths, iter_python_files, read_source
 from trainkit.lint._registry import RULES, Finding, LintError
 from trainkit.lint._suppress import is_suppressed, parse_suppressions
 
 Codes = Union[str, Collection[str], None]
 
-# Folders that hold someone else's code or build output, never the user's training script.
-_SKIP_DIRS = frozenset({"__pycache__", "site-packages", "dist-packages", "node_modules", "venv"})
+__all__ = ["Codes", "iter_python_files", "lint_file", "lint_paths", "lint_source", "parse_codes", "read_source"]
 
 
 def valid_codes_text() -> str:
@@ -95,6 +94,12 @@ def lint_source(source: str, path: str = "<string>", *, select: Codes = None, ig
         >>> [(f.code, f.line) for f in lint_source(src)]
         [('TK101', 4), ('TK112', 5)]
     """
+    if not isinstance(source, str):
+        hint = ("decode it first: lint_source(data.decode('utf-8')), or lint the file with lint_file(path), "
+                "which honours its coding cookie" if isinstance(source, (bytes, bytearray))
+                else "to lint a file, use lint_file(path) or lint_paths([path])")
+        raise TypeError(f"lint_source({source!r:.60}): source must be a str (the code as text), "
+                        f"got {type(source).__name__}; {hint}")
     codes = _chosen(select, ignore)
     try:
         if sys.version_info < (3, 11):  # their ast.parse crashes (SIGSEGV) on a ~100,000-deep tree
@@ -147,68 +152,14 @@ def _comment_lines(ctx: FileContext, node: ast.AST) -> List[int]:
     return lines
 
 
-def iter_python_files(paths: Collection[str], seen: Optional[Set[str]] = None) -> Iterator[str]:
-    """Yield the files to lint: given files as they are, ``*.py`` under given folders.
-
-    Hidden folders, ``__pycache__``, virtual environments (any folder with a
-    ``pyvenv.cfg``) and ``site-packages`` are skipped. With ``seen`` (a set of real paths, added
-    to), a file already in it is skipped: one file named twice (a folder and a file in it) is
-    linted once.
+def lint_file(path: PathArg, *, select: Codes = None, ignore: Codes = None) -> List[Finding]:
+    """Lint one file (a ``str`` or ``os.PathLike`` path; findings name it as a ``str``).
 
     Raises:
-        LintError: A path that does not exist.
-
-    Example::
-
-        >>> list(iter_python_files(["train.py"]))  # doctest: +SKIP
-        ['train.py']
+        LintError: The file is unreadable or not Python.
+        TypeError: ``path`` is no path.
     """
-    for path in paths:
-        if os.path.isdir(path):
-            for root, dirs, files in os.walk(path):
-                dirs[:] = sorted(
-                    d
-                    for d in dirs
-                    if not d.startswith(".")
-                    and d not in _SKIP_DIRS
-                    and not os.path.exists(os.path.join(root, d, "pyvenv.cfg"))
-                )
-                for name in sorted(files):
-                    if name.endswith(".py") and _first(os.path.join(root, name), seen):
-                        yield os.path.join(root, name)
-        elif os.path.exists(path):
-            if _first(path, seen):
-                yield path
-        else:
-            raise LintError(path, 0, "no such file or directory")
-
-
-def _first(path: str, seen: Optional[Set[str]]) -> bool:
-    """Whether ``path`` is not in ``seen`` (by its real path), which it joins; always without."""
-    if seen is None:
-        return True
-    key = os.path.realpath(path)
-    if key in seen:
-        return False
-    seen.add(key)
-    return True
-
-
-def read_source(path: str) -> str:
-    """Read a file honouring its ``# coding:`` cookie, as Python would.
-
-    Raises:
-        LintError: The file cannot be read or decoded.
-    """
-    try:
-        with tokenize.open(path) as handle:
-            return handle.read()
-    except (OSError, UnicodeDecodeError, SyntaxError) as exc:
-        raise LintError(path, 0, f"cannot read: {exc}") from exc
-
-
-def lint_file(path: str, *, select: Codes = None, ignore: Codes = None) -> List[Finding]:
-    """Lint one file. Raises :class:`LintError` when it is unreadable or not Python."""
+    path = as_path(path, call="lint_file")
     if path.endswith(".ipynb"):
         # A notebook is JSON, which parses as one Python dict: linted as it is, it would pass clean.
         script = os.path.splitext(path)[0] + ".py"  # where nbconvert writes it
@@ -217,11 +168,11 @@ def lint_file(path: str, *, select: Codes = None, ignore: Codes = None) -> List[
     return lint_source(read_source(path), path, select=select, ignore=ignore)
 
 
-def lint_paths(paths: Collection[str], *, select: Codes = None, ignore: Codes = None) -> List[Finding]:
+def lint_paths(paths: Union[PathArg, Collection[PathArg]], *, select: Codes = None, ignore: Codes = None) -> List[Finding]:
     """Lint files and folders (folders recursively, ``*.py`` only).
 
     Args:
-        paths: Files or folders.
+        paths: Files or folders (``str`` or ``os.PathLike``), or one of them.
         select: Codes or prefixes to run, e.g. ``["TK1"]`` or ``"TK101,TK3"``.
         ignore: Codes or prefixes to skip.
 
@@ -231,6 +182,7 @@ def lint_paths(paths: Collection[str], *, select: Codes = None, ignore: Codes = 
     Raises:
         LintError: The first missing, unreadable or syntactically invalid file.
         ValueError: An unknown code in ``select`` or ``ignore``.
+        TypeError: ``paths`` is neither a path nor a collection of paths.
 
     Example::
 
@@ -239,9 +191,8 @@ def lint_paths(paths: Collection[str], *, select: Codes = None, ignore: Codes = 
             print(f.format())
     """
     _chosen(select, ignore)  # reject bad codes before touching the disk
-    if isinstance(paths, str):
-        paths = [paths]
+    given = as_paths(paths)
     findings: List[Finding] = []
-    for path in iter_python_files(paths, seen=set()):  # a file named twice is linted once
+    for path in iter_python_files(given, seen=set()):  # a file named twice is linted once
         findings.extend(lint_file(path, select=select, ignore=ignore))
     return sorted(findings, key=lambda f: (f.path, f.line, f.col, f.code))

@@ -1,0 +1,111 @@
+"""Paths given to the API, file discovery and reading: which files to lint and their text."""
+from __future__ import annotations
+
+import os
+import tokenize
+from typing import Collection, Iterator, List, Optional, Set, Union
+
+from trainkit.lint._registry import LintError
+
+PathArg = Union[str, "os.PathLike[str]"]
+
+# Folders that hold someone else's code or build output, never the user's training script.
+_SKIP_DIRS = frozenset({"__pycache__", "site-packages", "dist-packages", "node_modules", "venv"})
+
+
+def as_path(value: object, *, call: str) -> str:
+    """``value`` as a ``str`` path: a ``str`` as it is, an ``os.PathLike`` (``pathlib.Path``) through
+    :func:`os.fspath`.
+
+    Raises:
+        TypeError: Anything else (bytes paths included), naming ``value`` and the fix.
+    """
+    if isinstance(value, str):
+        return value
+    if isinstance(value, os.PathLike):
+        path = os.fspath(value)
+        if isinstance(path, str):
+            return path
+    raise TypeError(f"{call}({value!r}): a path must be a str or os.PathLike (such as pathlib.Path), "
+                    f"got {type(value).__name__}; e.g. {call}('train.py')")
+
+
+def as_paths(value: object) -> List[str]:
+    """The paths given to ``lint_paths``: one path, or a collection of them, as ``str``.
+
+    Raises:
+        TypeError: Neither a path nor an iterable of paths, or an item that is no path.
+    """
+    fix = "pass a path or a list of paths (str or os.PathLike), e.g. lint_paths(['train.py'])"
+    if isinstance(value, (str, os.PathLike)):
+        return [as_path(value, call="lint_paths")]
+    if isinstance(value, (bytes, bytearray)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"lint_paths({value!r}): paths must be a str or os.PathLike path or a collection "
+                        f"of them, got {type(value).__name__}; {fix}")
+    out = []
+    for item in value:  # type: ignore[attr-defined]
+        if not isinstance(item, (str, os.PathLike)) or not isinstance(os.fspath(item), str):
+            raise TypeError(f"lint_paths(...): each path must be a str or os.PathLike, got {item!r} "
+                            f"({type(item).__name__}); {fix}")
+        out.append(os.fspath(item))
+    return out
+
+
+def iter_python_files(paths: Collection[PathArg], seen: Optional[Set[str]] = None) -> Iterator[str]:
+    """Yield the files to lint: given files as they are, ``*.py`` under given folders.
+
+    Hidden folders, ``__pycache__``, virtual environments (any folder with a
+    ``pyvenv.cfg``) and ``site-packages`` are skipped. With ``seen`` (a set of real paths, added
+    to), a file already in it is skipped: one file named twice (a folder and a file in it) is
+    linted once.
+
+    Raises:
+        LintError: A path that does not exist.
+
+    Example::
+
+        >>> list(iter_python_files(["train.py"]))  # doctest: +SKIP
+        ['train.py']
+    """
+    for path in as_paths(paths):
+        if os.path.isdir(path):
+            for root, dirs, files in os.walk(path):
+                dirs[:] = sorted(
+                    d
+                    for d in dirs
+                    if not d.startswith(".")
+                    and d not in _SKIP_DIRS
+                    and not os.path.exists(os.path.join(root, d, "pyvenv.cfg"))
+                )
+                for name in sorted(files):
+                    if name.endswith(".py") and _first(os.path.join(root, name), seen):
+                        yield os.path.join(root, name)
+        elif os.path.exists(path):
+            if _first(path, seen):
+                yield path
+        else:
+            raise LintError(path, 0, "no such file or directory")
+
+
+def _first(path: str, seen: Optional[Set[str]]) -> bool:
+    """Whether ``path`` is not in ``seen`` (by its real path), which it joins; always without."""
+    if seen is None:
+        return True
+    key = os.path.realpath(path)
+    if key in seen:
+        return False
+    seen.add(key)
+    return True
+
+
+def read_source(path: str) -> str:
+    """Read a file honouring its ``# coding:`` cookie, as Python would.
+
+    Raises:
+        LintError: The file cannot be read or decoded.
+    """
+    try:
+        with tokenize.open(path) as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError, SyntaxError) as exc:
+        raise LintError(path, 0, f"cannot read: {exc}") from exc
