@@ -89,12 +89,16 @@ def _shown_count(by: ast.expr) -> str:
 
 
 def _accumulate_call(ctx: FileContext, node: ast.AST) -> Optional[ast.Call]:
-    """The ``...accumulate(...)`` call of the ``with`` block around ``node``, if any."""
+    """The ``...accumulate(...)`` call of the ``with`` block around ``node``, if any: named so as
+    written (``accelerator.accumulate(model)``) or through the imports (``from trainkit import
+    accumulate as tk_acc``, as TK105, TK106 and TK109 resolve it)."""
     for parent in ctx.ancestors(node):
         if isinstance(parent, (ast.With, ast.AsyncWith)):
             for item in parent.items:
                 expr = item.context_expr
-                if isinstance(expr, ast.Call) and (dotted(expr.func) or "").split(".")[-1].endswith("accumulate"):
+                if isinstance(expr, ast.Call) and any(
+                        (name or "").split(".")[-1].endswith("accumulate")
+                        for name in (dotted(expr.func), ctx.qualname(expr.func))):
                     return expr
     return None
 
