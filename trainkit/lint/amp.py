@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import ast
-from typing import Iterator
+from typing import Iterator, Optional
 
 from trainkit.lint._core import FileContext, TrainingLoop
 from trainkit.lint._nodes import dotted, method_name, receiver
@@ -12,49 +12,84 @@ from trainkit.lint._registry import Hit, rule
 _TK_AMP = "or let trainkit do it: `with tk.autocast_scaled(scaler) as amp:` then `amp.backward(loss); amp.step(optimizer)` unscales, steps, updates and counts skipped steps"
 
 
-def _updates_around(ctx: FileContext, loop: TrainingLoop) -> Iterator[ast.Call]:
-    """Calls that run with each pass of ``loop``: its own and those of the loops around it.
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
-    ``for opt in optimizers: scaler.step(opt)`` is a loop of its own whose
-    ``scaler.update()`` follows it, once per batch, in the enclosing loop; a loop over
-    optimizers (its target is an optimizer) also counts the statements right after it
-    (a per-batch ``train_step`` function).
+
+def _over_optimizers(ctx: FileContext, node: ast.AST) -> bool:
+    """A loop over optimizers: ``for opt in optimizers:``, ``for i, o in enumerate(self.optimizers):``."""
+    parts = [getattr(node, "target", None), getattr(node, "iter", None)]
+    return any(ctx.is_optimizer(dotted(n)) for part in parts if part is not None for n in ast.walk(part)
+               if isinstance(n, (ast.Name, ast.Attribute)))
+
+
+def _enclosing_loop(ctx: FileContext, node: ast.AST) -> Optional[ast.AST]:
+    for outer in ctx.ancestors(node):
+        if isinstance(outer, _SCOPES):
+            return None
+        if isinstance(outer, _LOOPS):
+            return outer
+    return None
+
+
+def _updates_around(ctx: FileContext, loop: TrainingLoop) -> Iterator[ast.Call]:
+    """Calls that run with each pass of ``loop``: its own, and, for a loop over optimizers, those of
+    the loop around it.
+
+    ``for opt in optimizers: scaler.step(opt)`` steps each optimizer once and its
+    ``scaler.update()`` follows it, once per batch, in the enclosing loop; such a loop also
+    counts the statements right after it (a per-batch ``train_step`` function). Any other loop's
+    steps need their update inside it: one after the batch loop, once per epoch, comes after the
+    second step, which has raised already.
     """
     yield from loop.calls
-    target = getattr(loop.node, "target", None)
-    parent = ctx.parents.get(loop.node)
-    if target is not None and ctx.is_optimizer(dotted(target)) and parent is not None:
+    node: Optional[ast.AST] = loop.node
+    while node is not None and _over_optimizers(ctx, node):
+        parent = ctx.parents.get(node)
         for field in ("body", "orelse", "finalbody"):
             block = getattr(parent, field, None)
-            if isinstance(block, list) and any(s is loop.node for s in block):
-                after = block[[id(s) for s in block].index(id(loop.node)) + 1:]
+            if isinstance(block, list) and any(s is node for s in block):
+                after = block[[id(s) for s in block].index(id(node)) + 1:]
                 for stmt in after:
                     yield from (n for n in ast.walk(stmt) if isinstance(n, ast.Call))
-    for outer in ctx.ancestors(loop.node):
-        if isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            break
-        if isinstance(outer, (ast.For, ast.AsyncFor, ast.While)):
-            yield from (n for n in ast.walk(outer) if isinstance(n, ast.Call))
+        node = _enclosing_loop(ctx, node)
+        if node is not None:
+            yield from (n for n in ast.walk(node) if isinstance(n, ast.Call))
+
+
+def _late_update(ctx: FileContext, loop: TrainingLoop, name: str) -> Optional[ast.Call]:
+    """A ``name.update()`` in a loop around ``loop`` (once per epoch): too late for each step."""
+    outer = _enclosing_loop(ctx, loop.node)
+    while outer is not None:
+        for n in ast.walk(outer):
+            if isinstance(n, ast.Call) and method_name(n) == "update" and receiver(n) == name:
+                return n
+        outer = _enclosing_loop(ctx, outer)
+    return None
 
 
 @rule(
     "TK201",
     name="scaler-step-without-update",
     severity="error",
-    summary="scaler.step() without scaler.update() in the loop: the loss scale never adapts",
+    summary="scaler.step() without scaler.update() after each step: the second step raises RuntimeError",
 )
 def check_step_without_update(ctx: FileContext) -> Iterator[Hit]:
-    """Flag ``scaler.step(opt)`` in a loop that never calls ``scaler.update()``."""
+    """Flag ``scaler.step(opt)`` in a loop that does not call ``scaler.update()`` with each step."""
     for loop in ctx.training_loops:
         updated = {receiver(c) for c in _updates_around(ctx, loop) if method_name(c) == "update"}
         for step in loop.step_calls:
             name = receiver(step)
             if ctx.is_scaler(name) and name not in updated:
+                late = _late_update(ctx, loop, name)  # type: ignore[arg-type]
+                where = (f"`{name}.update()` on line {late.lineno} runs once per pass of the loop around it, "
+                         f"not after each step" if late is not None else f"no `{name}.update()` in the loop")
                 yield Hit(
                     step,
-                    f"`{ast.unparse(step)}` with no `{name}.update()` in the loop: after one overflow "
-                    "the scale never shrinks back, or never grows, and steps keep being skipped",
-                    f"call `{name}.update()` right after `{ast.unparse(step)}`; {_TK_AMP}",
+                    f"`{ast.unparse(step)}` with {where}: the next `{ast.unparse(step)}` raises `RuntimeError: "
+                    "step() has already been called since the last update()`, so the run crashes on its second "
+                    "step (with the scaler enabled); the loss scale must also adapt after every step",
+                    f"call `{name}.update()` right after `{ast.unparse(step)}`, in the same loop; {_TK_AMP}",
                 )
 
 
