@@ -15,7 +15,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Set
 
 from trainkit.lint._core import FileContext, TrainingLoop
 from trainkit.lint._host_consumers import feeds_environment
-from trainkit.lint._nodes import dotted, has_modulo, method_name, names_in
+from trainkit.lint._nodes import dotted, has_modulo, method_name, names_in, pos
 from trainkit.lint._loss import loss_of
 from trainkit.lint._registry import Hit, rule
 
@@ -167,6 +167,35 @@ def _literal(node: ast.expr) -> bool:
     return isinstance(node, (ast.List, ast.Tuple)) and all(_literal(e) for e in node.elts)
 
 
+def _numpy_value(ctx: FileContext, expr: ast.expr) -> bool:
+    """Whether the call chain ``expr`` starts at NumPy: ``np.random.permutation(n)[:k]`` (its
+    ``.tolist()``/``.item()`` reads host memory; no device to wait for). Only the chain's spine is
+    followed: ``f(np.arange(4))`` may be a tensor."""
+    while True:
+        if isinstance(expr, ast.Call):
+            expr = expr.func
+        elif isinstance(expr, (ast.Attribute, ast.Subscript)):
+            expr = expr.value
+        else:
+            break
+    return isinstance(expr, ast.Name) and (ctx.qualname(expr) or "").split(".")[0] == "numpy"
+
+
+def _number_here(loop: TrainingLoop, name: str, call: ast.Call) -> bool:
+    """Whether ``name``'s last binding in the iteration before ``call`` is a Python number
+    (``loss = loss.item()``, then ``print(f"{loss:.3f}")``: a float, its read reported already)."""
+    here = pos(call)
+    last: Optional[ast.AST] = None
+    for node in loop.region:
+        if pos(node) >= here:
+            break
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(dotted(t) == name for t in targets):
+                last = node.value
+    return last is not None and _is_number(last)
+
+
 def _default_device_changed(ctx: FileContext) -> bool:
     for node in ctx.nodes:
         if isinstance(node, ast.Attribute) and node.attr == "set_default_device":
@@ -237,14 +266,16 @@ def check_host_sync(ctx: FileContext) -> Iterator[Hit]:
                 inner = call.func.value  # type: ignore[attr-defined]
                 if isinstance(inner, ast.Call) and method_name(inner) in _CONVERTERS and not inner.args:
                     continue  # `.cpu().numpy()`: one sync, reported at the `.cpu()`
-                if _made_on_host(ctx, inner):
-                    continue  # `torch.rand(1).item()`: a CPU tensor, no device to wait for
+                if _made_on_host(ctx, inner) or _numpy_value(ctx, inner):
+                    continue  # `torch.rand(1).item()`, `np.arange(4).tolist()`: no device to wait for
                 found = f"`{ast.unparse(call)}`"
-            elif _converted_tensor(call, tensors, numbers) is not None:
+            elif (converted := _converted_tensor(call, tensors, numbers)) is not None:
+                if _number_here(loop, converted, call):
+                    continue
                 found = f"`{ast.unparse(call)}` reads a tensor on the host, as `.item()` does, and"
             else:
                 printed = _printed_tensor(call, tensors, numbers)
-                if printed is None:
+                if printed is None or _number_here(loop, printed, call):
                     continue
                 found = f"`{ast.unparse(call)}` formats tensor `{printed}` and"
             if _exempt(ctx, loop, call) or feeds_environment(ctx, loop, call):
