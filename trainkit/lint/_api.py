@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import sys
 from typing import Collection, FrozenSet, List, Optional, Union
 
@@ -13,6 +14,7 @@ from trainkit.lint._registry import RULES, Finding, LintError
 from trainkit.lint._suppress import is_suppressed, parse_suppressions
 
 Codes = Union[str, Collection[str], None]
+_LINE_BREAK_RE = re.compile(r"\r\n|\r|\n")
 
 __all__ = ["Codes", "iter_python_files", "lint_file", "lint_paths", "lint_source", "parse_codes", "read_source"]
 
@@ -114,18 +116,29 @@ def lint_source(source: str, path: str = "<string>", *, select: Codes = None, ig
     try:
         ctx = FileContext(path, source, tree)
         suppressions = parse_suppressions(source)
+        # ast's col_offset counts UTF-8 bytes; a non-ASCII line needs its text to count characters.
+        # Python's own line ends, not str.splitlines()'s (which also splits at \f, \x1c, ...).
+        lines = None if source.isascii() else _LINE_BREAK_RE.split(source)
         findings = set()
         for code in codes:
             rule = RULES[code]
             for hit in rule.check(ctx):
                 line = getattr(hit.node, "lineno", 1)
                 if not any(is_suppressed(code, n, suppressions) for n in _comment_lines(ctx, hit.node)):
-                    col = getattr(hit.node, "col_offset", 0) + 1
+                    col = _char_col(lines, line, getattr(hit.node, "col_offset", 0)) + 1
                     findings.add(Finding(path, line, col, code, rule.severity, hit.message, hit.fix))
     except (RecursionError, MemoryError) as exc:
         # ast.unparse/ast.dump recurse: an expression nested thousands deep exhausts the stack.
         raise LintError(path, 0, f"too deeply nested to lint ({type(exc).__name__}); not linted") from exc
     return sorted(findings, key=lambda f: (f.line, f.col, f.code))
+
+
+def _char_col(lines: Optional[List[str]], line: int, offset: int) -> int:
+    """The 0-based character column of ``ast``'s ``col_offset`` (UTF-8 bytes) on ``line``;
+    ``lines`` is None for an ASCII source, where the two are the same."""
+    if lines is None or not 0 < line <= len(lines):
+        return offset
+    return len(lines[line - 1].encode("utf-8")[:offset].decode("utf-8", errors="ignore"))
 
 
 def _comment_lines(ctx: FileContext, node: ast.AST) -> List[int]:
