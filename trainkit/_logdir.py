@@ -5,20 +5,54 @@ import datetime
 import os
 import shlex
 import socket
+import sys
 from typing import Any, Optional
 
 from . import _env
 
 
+def process_rank() -> Optional[int]:
+    """This process's global rank: torchrun's ``RANK``, else that of an initialized process group
+    of more than one process (``torch.multiprocessing.spawn``, as in PyTorch's DDP tutorial, sets
+    no ``RANK``: its ranks wrote into one folder, their steps mixed in one TensorBoard run)."""
+    rank = _env.rank()
+    if rank is not None:
+        return rank
+    dist = sys.modules.get("torch.distributed")  # not imported: no process group either
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized() \
+                and dist.get_world_size() > 1:
+            return int(dist.get_rank())
+    except Exception:  # a group torn down meanwhile, or a backend that cannot say
+        pass
+    return None
+
+
+def warn_ranks_mixed(root: str, stacklevel: int = 1) -> None:
+    """Warn where a process group of several ranks began after a session that writes into
+    ``root``: every rank writes there (``mp.spawn`` sets no RANK to tell them by)."""
+    import warnings
+
+    rank = process_rank()
+    if rank is None:
+        return
+    warnings.warn(
+        f"trainkit: tk.session began before torch.distributed.init_process_group, and no RANK "
+        f"was set (torch.multiprocessing.spawn sets none), so this rank ({rank}) and the others "
+        f"write into one folder, {root!r}, their steps mixed in one TensorBoard run; open "
+        f"tk.session after init_process_group (each rank then writes <logdir>/rank<N>), or "
+        f"launch with torchrun", RuntimeWarning, stacklevel=stacklevel)
+
+
 def run_start_time() -> datetime.datetime:
     """The time a default run folder is named after: now, or under torchrun the launcher's start.
 
-    Under torchrun every rank must pick the same folder (its own rank<N> inside): the launcher's
-    start time is one value for all the ranks of a machine, where each rank's own clock may cross
-    a second between them.
+    Under torchrun (or ``mp.spawn``) every rank must pick the same folder (its own rank<N>
+    inside): the launcher's start time is one value for all the ranks of a machine, where each
+    rank's own clock may cross a second between them.
     """
     when = datetime.datetime.now()
-    if _env.rank() is not None:
+    if process_rank() is not None:
         try:
             import psutil
 
@@ -41,11 +75,11 @@ def fresh_folder(path: str) -> str:
     did not exist, made here (``mkdir`` is atomic: two runs started in the same second, which
     shared one folder and showed as one run, get one each).
 
-    Under torchrun ``path`` as it is: the ranks of a machine share it (each writes its
-    ``rank<N>`` inside), and a rank cannot tell another rank's folder from an earlier run's.
-    Where the folder cannot be made, ``path``: :func:`check_logdir` then says why.
+    Under torchrun (or ``mp.spawn``) ``path`` as it is: the ranks of a machine share it (each
+    writes its ``rank<N>`` inside), and a rank cannot tell another rank's folder from an earlier
+    run's. Where the folder cannot be made, ``path``: :func:`check_logdir` then says why.
     """
-    if _env.rank() is not None:
+    if process_rank() is not None:
         return path
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

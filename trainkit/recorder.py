@@ -54,6 +54,9 @@ class Recorder:
         #: (trainkit._unstepped), and at the close, every value it got if none was counted
         self.unstepped: Dict[str, int] = {}
         self._open: Dict[int, Dict[str, Any]] = {}  # step -> tag -> value, or a list of them
+        #: called once, by the writer thread, at its first wake after a step of this session
+        #: completed (a check that needs the run under way); None: none, or done
+        self.once: Optional[Callable[[], None]] = None
         self._lock = threading.RLock()  # re-entrant: a SIGTERM handler may flush mid-flush
         self._wake = threading.Event()
         self._stop = False
@@ -80,6 +83,13 @@ class Recorder:
             if self._stop:
                 break
             completed = self.completed()
+            once = self.once
+            if once is not None and completed > self._done0:
+                self.once = None
+                try:
+                    once()
+                except Exception:  # a check: never the writer's end
+                    pass
             stalled = not woken and completed == self._completed_at_last_wake
             self._completed_at_last_wake = completed
             if self.failed is None:  # else s.flush() failed, in the training thread

@@ -9,14 +9,16 @@ the process would have had (:mod:`trainkit._signals`). A forked child records no
 """
 from __future__ import annotations
 
+import functools
 import numbers
 import os
 import threading
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from . import _compiled, _env, _signals, _unstepped, timing
-from ._logdir import check_logdir as _check_logdir, default_logdir as _default_logdir
+from . import _compiled, _signals, _unstepped, timing
+from ._logdir import (check_logdir as _check_logdir, default_logdir as _default_logdir, process_rank,
+                      warn_ranks_mixed)
 from ._logvalues import check_log_name, to_scalar
 from ._session_args import MAX_STEP, check_session_args
 from ._session_steps import StepCounter
@@ -62,8 +64,9 @@ class Session(StepCounter):
 
         check_overrides()  # a malformed TRAINKIT_TECHNIQUES fails here, before anything starts
         root = _check_logdir(_default_logdir() if logdir is None else logdir)
-        rank = _env.rank()
-        #: Where this process writes: ``<logdir>/rank<N>`` under torchrun, else ``logdir``.
+        rank = process_rank()
+        #: Where this process writes: ``<logdir>/rank<N>`` under torchrun (or in a process group
+        #: of several, mp.spawn's), else ``logdir``.
         self.logdir = root if rank is None else _check_logdir(os.path.join(root, f"rank{rank}"))
         self.root = root
         self.rank = rank
@@ -85,6 +88,8 @@ class Session(StepCounter):
                                   completed=self._completed,
                                   sample=sampler, resumed_at=self.step if steps_done else None)
         self._buf = self._recorder.buf
+        if rank is None:  # a process group started after this session: said at the first wake
+            self._recorder.once = functools.partial(warn_ranks_mixed, root)
         self._log_every = int(log_every)  # a numpy integer too
         self._wake = self._recorder.wake
         # The step of the batch a patched loader handed out last: a loss logged after
@@ -225,6 +230,9 @@ class Session(StepCounter):
         said = _unstepped.message(self._recorder.unstepped, self.step)
         if said is not None:
             warnings.warn(said, RuntimeWarning, stacklevel=user_stacklevel())
+        if self._recorder.once is not None:  # the writer never woke after a step
+            self._recorder.once = None
+            warn_ranks_mixed(self.root, stacklevel=user_stacklevel())
 
     def _record_optimizers(self) -> None:
         """The optimizers patched at the end, and whether each stepped here (for TA110)."""
