@@ -135,3 +135,32 @@ def test_a_compiled_ddp_model_syncs_only_at_window_ends(tmp_path):
     finally:
         gc.collect()  # train's DDP wrappers (reference cycles) hold the group: freed before it ends
         dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+def test_a_static_graph_ddp_model_is_refused_before_its_first_backward(tmp_path):
+    # DDP(static_graph=True) under no_sync() failed at the first backward with torch's
+    # "expect_autograd_hooks_ INTERNAL ASSERT FAILED" (pytorch/pytorch#143580): said up front now.
+    import torch.distributed as dist
+
+    import trainkit as tk
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(model64(), static_graph=True)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
+        for model in (ddp, torch.compile(ddp, backend="eager")):
+            with pytest.raises(ValueError, match=r"static_graph=True.*pass no model="):
+                with tk.accumulate(3, opt, model=model):
+                    pass
+        assert not hasattr(opt.step, "__wrapped_step__")  # refused before the optimizer changed
+        with tk.accumulate(1, opt, model=ddp):  # a window of one never skips a sync
+            for x, y in rank_batches(0, [4, 2]):
+                torch.nn.functional.mse_loss(ddp(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+        tk.unpatch(opt)
+    finally:
+        gc.collect()  # the DDP wrapper (reference cycles) holds the group: freed before it ends
+        dist.destroy_process_group()

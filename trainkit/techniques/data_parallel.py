@@ -25,7 +25,18 @@ from typing import Any, List, Optional
 
 def check_model(n: int, model: Any, normalize: str) -> None:
     """Refuse, before any state changes, an FSDP2 model this torch cannot sync a partial window
-    of, and ``normalize="items"`` on a mesh whose data-parallel ranks are not known here."""
+    of, ``normalize="items"`` on a mesh whose data-parallel ranks are not known here, and a
+    ``DDP(static_graph=True)`` model's windows (torch fails them, see below)."""
+    if n > 1 and is_ddp(model) and getattr(model, "static_graph", False):
+        # Its no_sync() crashes the first backward (expect_autograd_hooks_ INTERNAL ASSERT
+        # FAILED), and past that assert stops all-reducing from the second window on
+        # (pytorch/pytorch#143580, #187732; torch 2.14 on gloo alike).
+        raise ValueError(f"accumulate({n}, optimizer, model=DistributedDataParallel(..., "
+                         f"static_graph=True)): DDP's static graph cannot skip the gradient "
+                         f"sync of a window's first micro-batches (torch fails at the first "
+                         f"backward: pytorch/pytorch#143580); make the DDP model without "
+                         f"static_graph=True, or pass no model= (DDP then syncs at every "
+                         f"micro-batch)")
     if is_fsdp2(model):
         get_state = getattr(model, "_get_fsdp_state", None)
         state = get_state() if callable(get_state) else None
