@@ -11,7 +11,7 @@ from trainkit.lint._core import FileContext
 from trainkit.lint._depth import check_depth
 from trainkit.lint._files import PathArg, as_path, as_paths, iter_python_files, read_source
 from trainkit.lint._registry import RULES, Finding, LintError
-from trainkit.lint._suppress import is_suppressed, parse_suppressions
+from trainkit.lint._suppress import comment_lines, is_suppressed, parse_suppressions
 
 Codes = Union[str, Collection[str], None]
 _LINE_BREAK_RE = re.compile(r"\r\n|\r|\n")
@@ -124,7 +124,9 @@ def lint_source(source: str, path: str = "<string>", *, select: Codes = None, ig
             rule = RULES[code]
             for hit in rule.check(ctx):
                 line = getattr(hit.node, "lineno", 1)
-                if not any(is_suppressed(code, n, suppressions) for n in _comment_lines(ctx, hit.node)):
+                # comment_lines may read the source (a header's `:`): only when there are comments
+                if not (suppressions and any(is_suppressed(code, n, suppressions)
+                                             for n in comment_lines(ctx, hit.node))):
                     col = _char_col(lines, line, getattr(hit.node, "col_offset", 0)) + 1
                     findings.add(Finding(path, line, col, code, rule.severity, hit.message, hit.fix))
     except (RecursionError, MemoryError) as exc:
@@ -139,30 +141,6 @@ def _char_col(lines: Optional[List[str]], line: int, offset: int) -> int:
     if lines is None or not 0 < line <= len(lines):
         return offset
     return len(lines[line - 1].encode("utf-8")[:offset].decode("utf-8", errors="ignore"))
-
-
-def _comment_lines(ctx: FileContext, node: ast.AST) -> List[int]:
-    """Lines whose ``# trainkit: ignore`` silences a finding at ``node``.
-
-    Its own line, and the first and last lines of the expressions and the simple
-    statement around it: the comment may sit on ``print(`` or on the closing ``)``
-    of a call written over several lines.
-    """
-    lines = [getattr(node, "lineno", 1)]
-    current: Optional[ast.AST] = node
-    while current is not None and not isinstance(current, ast.mod):
-        if isinstance(current, ast.stmt) and any(
-            isinstance(getattr(current, field, None), list) for field in ("body", "orelse", "handlers", "cases")
-        ):
-            break  # a compound statement: its lines are other statements'
-        for attr in ("lineno", "end_lineno"):
-            value = getattr(current, attr, None)
-            if value is not None:
-                lines.append(value)
-        if isinstance(current, ast.stmt):
-            break
-        current = ctx.parents.get(current)
-    return lines
 
 
 def lint_file(path: PathArg, *, select: Codes = None, ignore: Codes = None) -> List[Finding]:

@@ -33,7 +33,8 @@ def is_env_step(ctx: FileContext, call: ast.Call) -> bool:
 
 
 def _targets(stmt: ast.AST) -> Set[str]:
-    target_nodes: List[ast.AST] = list(stmt.targets) if isinstance(stmt, ast.Assign) else [stmt.target]  # type: ignore[attr-defined]
+    target_nodes: List[ast.AST] = (list(stmt.targets) if isinstance(stmt, ast.Assign)
+                                   else [stmt.target])  # type: ignore[attr-defined]
     out: Set[str] = set()
     for target in target_nodes:
         for sub in ast.walk(target):

@@ -1,11 +1,16 @@
 """``# trainkit: ignore[CODE]`` comments, found with :mod:`tokenize`."""
 from __future__ import annotations
 
+import ast
 import io
 import re
 import tokenize
-from typing import Dict, FrozenSet, Optional
+from typing import TYPE_CHECKING, Dict, FrozenSet, List, Optional
 
+if TYPE_CHECKING:
+    from trainkit.lint._core import FileContext
+
+_LINE_BREAK_RE = re.compile(r"\r\n|\r|\n")  # Python's own line ends, not str.splitlines()'s
 _IGNORE_RE = re.compile(r"#\s*trainkit:\s*ignore\b(?:\[(?P<codes>[^\]]*)\])?", re.IGNORECASE)
 
 
@@ -48,3 +53,68 @@ def is_suppressed(code: str, line: int, suppressions: Dict[int, Optional[FrozenS
         return False
     codes = suppressions[line]
     return codes is None or any(code.startswith(c) for c in codes)
+
+
+_BODIES = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+def comment_lines(ctx: "FileContext", node: ast.AST) -> List[int]:
+    """Lines whose ``# trainkit: ignore`` silences a finding at ``node``.
+
+    Its own line, and the first and last lines of the expressions and the simple
+    statement around it: the comment may sit on ``print(`` or on the closing ``)``
+    of a call written over several lines. A finding on a compound statement's header
+    (the ``if`` itself, or its test) also takes the header's first and last lines: Black writes
+    a long test as ``if (`` / ``test`` / ``):``. Its body's statements are not part of it.
+    """
+    lines = [getattr(node, "lineno", 1)]
+    current: Optional[ast.AST] = node
+    child: Optional[ast.AST] = None
+    while current is not None and not isinstance(current, ast.mod):
+        if isinstance(current, ast.stmt) and any(
+            isinstance(getattr(current, field, None), list) for field in _BODIES
+        ):
+            in_body = child is not None and any(
+                any(child is s for s in getattr(current, field, None) or []) for field in _BODIES)
+            if not in_body:  # the header: from its first line to the line of its `:`
+                lines.append(current.lineno)
+                lines.append(_header_end(ctx, current))
+            break  # a compound statement: its other lines are other statements'
+        for attr in ("lineno", "end_lineno"):
+            value = getattr(current, attr, None)
+            if value is not None:
+                lines.append(value)
+        if isinstance(current, ast.stmt):
+            break
+        child, current = current, ctx.parents.get(current)
+    return lines
+
+
+def _header_end(ctx: "FileContext", stmt: ast.stmt) -> int:
+    """The line of the ``:`` that ends ``stmt``'s header: after its last header expression only
+    closing brackets, commas, blanks and comments may come before it."""
+    header = []
+    for field, value in ast.iter_fields(stmt):
+        if field in _BODIES or field == "decorator_list":
+            continue
+        for n in value if isinstance(value, list) else [value]:
+            if isinstance(n, ast.withitem):  # no position of its own
+                header.extend(e for e in (n.context_expr, n.optional_vars) if e is not None)
+            elif hasattr(n, "end_lineno"):
+                header.append(n)
+    if not header:
+        return stmt.lineno
+    last = max(header, key=lambda n: (n.end_lineno, n.end_col_offset))
+    line, col = last.end_lineno, last.end_col_offset
+    text = _LINE_BREAK_RE.split(ctx.source)  # only for a finding on a header: rare, so not cached
+    while 0 < line <= len(text):
+        rest = text[line - 1].encode("utf-8")[col:].decode("utf-8", errors="ignore")
+        for char in rest:
+            if char == ":":
+                return line
+            if char == "#":
+                break
+            if not (char.isspace() or char in "),]\\"):
+                return stmt.lineno  # something unexpected: keep to what is sure
+        line, col = line + 1, 0
+    return stmt.lineno
