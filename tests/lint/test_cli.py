@@ -169,7 +169,7 @@ def test_unreadable_file_says_so_without_a_line_zero(tmp_path: Path) -> None:
     (tmp_path / "latin.py").write_bytes(b"# caf\xe9\nx = 1\n")  # not UTF-8 and no coding cookie
     result = lint(str(tmp_path / "latin.py"))
     assert result.returncode == 2
-    assert f"{tmp_path / 'latin.py'}: cannot read: " in result.stderr
+    assert f"{tmp_path / 'latin.py'}:1: cannot read: byte 0xe9 (column 6) is not valid UTF-8" in result.stderr
     assert ":0:" not in result.stderr
     assert result.stderr.strip().endswith("(0 files checked, 1 could not be read)")
 

@@ -1,9 +1,10 @@
 """Paths given to the API, file discovery and reading: which files to lint and their text."""
 from __future__ import annotations
 
+import io
 import os
 import tokenize
-from typing import Collection, Iterator, List, Optional, Set, Union
+from typing import Collection, Iterator, List, Optional, Set, Tuple, Union
 
 from trainkit.lint._registry import LintError
 
@@ -107,5 +108,36 @@ def read_source(path: str) -> str:
     try:
         with tokenize.open(path) as handle:
             return handle.read()
-    except (OSError, UnicodeDecodeError, SyntaxError) as exc:
+    except (UnicodeDecodeError, SyntaxError) as exc:
+        undecodable = _undecodable(path)  # a bad byte on line 1 or 2 is a SyntaxError in detect_encoding
+        if undecodable is None:
+            raise LintError(path, 0, f"cannot read: {exc}") from exc
+        line, reason = undecodable
+        raise LintError(path, line, f"cannot read: {reason}") from exc
+    except OSError as exc:
         raise LintError(path, 0, f"cannot read: {exc}") from exc
+
+
+def _undecodable(path: str) -> Optional[Tuple[int, str]]:
+    """The line of the first byte that does not decode in the file's encoding (its coding
+    comment's, else UTF-8), and what to do about it; None when every byte decodes (or the file
+    cannot be read again)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+        try:
+            encoding = tokenize.detect_encoding(io.BytesIO(data).readline)[0]
+        except SyntaxError:
+            encoding = "utf-8"  # no usable declaration: Python reads the file as UTF-8
+        data.decode(encoding)
+    except (OSError, LookupError):
+        return None
+    except UnicodeDecodeError as exc:
+        head = data[:exc.start]
+        line = head.count(b"\n") + head.count(b"\r") - head.count(b"\r\n") + 1
+        start = max(head.rfind(b"\n"), head.rfind(b"\r")) + 1
+        column = len(head[start:].decode(encoding, errors="replace")) + 1  # characters, as `col` counts
+        shown = "UTF-8" if encoding.replace("_", "-").lower() in ("utf-8", "utf-8-sig") else encoding
+        return line, (f"byte {data[exc.start]:#04x} (column {column}) is not valid {shown}; fix: save the file as "
+                      f"UTF-8, or declare its encoding on line 1 or 2, e.g. `# -*- coding: latin-1 -*-`")
+    return None
