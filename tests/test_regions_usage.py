@@ -73,6 +73,35 @@ def test_region_made_before_a_profiler_is_traced_while_it_records(tmp_path):
     assert len(scalars(tmp_path)["trainkit/region/early_ms"]) == 1  # one step: the three add up
 
 
+@pytest.mark.parametrize("use_c", [True, False])
+def test_a_region_kept_from_before_a_profiler_is_traced_while_it_records(tmp_path, use_c,
+                                                                        monkeypatch):
+    """``fwd = tk.profile_region("x")`` before the loop, ``with fwd:`` in it: the object made
+    while no profiler recorded opened no range once one did (its scalar was kept, the trace and
+    the user's own profiler had no "kept_<c>" in them); it is the region's fast entry that asks."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from trainkit import recorder
+    from trainkit.profiling import regions
+
+    if use_c and recorder._fast is None:
+        pytest.skip("trainkit._speedups not built")
+    monkeypatch.setattr(recorder, "_fast", recorder._fast if use_c else None)
+    name = f"kept_{use_c}"
+    with tk.session(logdir=tmp_path):
+        fwd = tk.profile_region(name)  # the fast region: no profiler records now
+        assert type(fwd) is not regions._Region
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(2):
+                with fwd:
+                    torch.ones(3).sum()
+        with fwd:  # after the profiler: the fast entry again, nothing left open
+            pass
+        assert fwd._starts == []
+    assert [e.name for e in prof.events()].count(name) == 2
+    assert len(scalars(tmp_path)[f"trainkit/region/{name}_ms"]) == 1  # one step: they add up
+
+
 def test_region_nested_in_itself_times_each_entry(tmp_path):
     @tk.profile_region("recurse")
     def recurse(n):

@@ -261,7 +261,8 @@ def test_the_c_regions_refuse_keyword_arguments(make):
     from trainkit import timing
     from trainkit.profiling import regions
 
-    args = {"RegionEnter": ([], timing.now),
+    regions.load_flags()
+    args = {"RegionEnter": ([], timing.now, regions._TAP, regions._TC, regions._Region("r")),
             "RegionExit": ("t", [], None, vars(timing), vars(regions))}[make]
     getattr(fast, make)(*args)  # as trainkit makes them
     with pytest.raises(TypeError, match="no keyword arguments"):

@@ -194,10 +194,14 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     s_buf = PyUnicode_InternFromString("_buf");
     s_append = PyUnicode_InternFromString("append");
     s_exit = PyUnicode_InternFromString("__exit__");
+    s_enter = PyUnicode_InternFromString("__enter__");
+    re_prof_on = PyUnicode_InternFromString("_is_profiler_enabled");
+    re_cuda_on = PyUnicode_InternFromString("_initialized");
     one = PyLong_FromLong(1);
     if (!thousand || !s_write_scalars || !s_file || !s_write || !s_write_record || !s_step ||
         !s_values || !s_wall_time || !s_now || !s_active || !s_last_end ||
-        !s_last_host || !s_buf || !s_append || !s_exit || !one)
+        !s_last_host || !s_buf || !s_append || !s_exit || !s_enter || !re_prof_on ||
+        !re_cuda_on || !one)
         return NULL;
     if (PyType_Ready(&RegionEnterType) < 0 || PyType_Ready(&RegionExitType) < 0 ||
         fast_step_ready() < 0)

@@ -9,28 +9,51 @@ typedef struct {
     PyObject_HEAD
     PyObject *starts; /* the name's stack of start times, shared with its full region */
     PyObject *now;    /* timing.now when the name was first used (as the map() entry had it) */
+    PyObject *tap;    /* regions._TAP: `_is_profiler_enabled` */
+    PyObject *tc;     /* regions._TC (torch.cuda): `_initialized` */
+    PyObject *full;   /* the name's _Region, which enters while either is true */
 } RegionEnter;
+
+/* "_is_profiler_enabled", "_initialized", "__enter__" */
+static PyObject *re_prof_on, *re_cuda_on, *s_enter;
 
 static void enter_dealloc(RegionEnter *self) {
     Py_XDECREF(self->starts);
     Py_XDECREF(self->now);
+    Py_XDECREF(self->tap);
+    Py_XDECREF(self->tc);
+    Py_XDECREF(self->full);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyObject *enter_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    PyObject *starts, *now;
+    PyObject *starts, *now, *tap, *tc, *full;
     if (kw && PyDict_GET_SIZE(kw)) {
         PyErr_SetString(PyExc_TypeError, "RegionEnter() takes no keyword arguments");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "O!O:RegionEnter", &PyList_Type, &starts, &now)) return NULL;
+    if (!PyArg_ParseTuple(args, "O!OOOO:RegionEnter", &PyList_Type, &starts, &now, &tap, &tc,
+                          &full))
+        return NULL;
     RegionEnter *self = (RegionEnter *)type->tp_alloc(type, 0);
     if (!self) return NULL;
-    Py_INCREF(starts);
-    Py_INCREF(now);
+    PyObject *all[] = {starts, now, tap, tc, full};
+    for (int i = 0; i < 5; i++) Py_INCREF(all[i]);
     self->starts = starts;
     self->now = now;
+    self->tap = tap;
+    self->tc = tc;
+    self->full = full;
     return (PyObject *)self;
+}
+
+/* `getattr(obj, name)` true: 1, false: 0, error: -1 */
+static int enter_flag(PyObject *obj, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (!v) return -1;
+    int on = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return on;
 }
 
 static PyObject *enter_call(RegionEnter *self, PyObject *args, PyObject *kw) {
@@ -38,6 +61,12 @@ static PyObject *enter_call(RegionEnter *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_TypeError, "profile_region.__enter__() takes no arguments");
         return NULL;
     }
+    /* A region kept from before a profiler started (or CUDA did), `fwd = profile_region("x")`
+       then `with fwd:` each step: its full region enters, with the trace's range (and events) */
+    int on = enter_flag(self->tap, re_prof_on);
+    if (on == 0) on = enter_flag(self->tc, re_cuda_on);
+    if (on < 0) return NULL;
+    if (on) return PyObject_CallMethodNoArgs(self->full, s_enter);
     PyObject *t = PyObject_CallNoArgs(self->now);
     if (!t) return NULL;
     int rc = PyList_Append(self->starts, t);
@@ -53,7 +82,8 @@ static PyTypeObject RegionEnterType = {
     .tp_call = (ternaryfunc)enter_call,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = enter_new,
-    .tp_doc = "RegionEnter(starts, now): push now() on starts.",
+    .tp_doc = "RegionEnter(starts, now, tap, tc, full): push now() on starts, or enter full "
+              "while a profiler records or CUDA is initialised.",
 };
 
 typedef struct {

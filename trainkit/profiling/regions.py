@@ -289,17 +289,24 @@ def _fast_region(name: str) -> _Region:
     as ``contextlib.ExitStack`` does works too). Without the C module, ``__enter__`` is a small
     Python method calling ``map(starts.append, iter(now, None)).__next__`` (a bare builtin there
     would take no instance, which ``ExitStack`` passes) and ``__exit__`` is :class:`_Region`'s.
+    Call it after :func:`load_flags` (it keeps the ``_TAP`` and ``_TC`` bound then).
     """
     starts: List[Any] = []
     full = _Region(name, starts)  # shares the stack: either one's exit ends either one's entry
     fast = _recorder._fast
+    # Entered while a profiler records or CUDA is initialised, the full region enters: one kept
+    # from before either (``fwd = tk.profile_region("x")`` before the loop, ``with fwd:`` in it)
+    # timed on the host and left no range in any trace.
     if fast is not None:
-        ns = {"__slots__": (), "__enter__": fast.RegionEnter(starts, timing.now),
+        ns = {"__slots__": (), "__enter__": fast.RegionEnter(starts, timing.now, _TAP, _TC, full),
               "__exit__": fast.RegionExit(full.tag, starts, full, vars(timing), vars(_S))}
     else:
         push = map(starts.append, iter(timing.now, None)).__next__
+        tap, tc = _TAP, _TC
 
         def __enter__(self: _Region) -> None:
+            if tap._is_profiler_enabled or tc._initialized:
+                return full.__enter__()
             push()
 
         ns = {"__slots__": (), "__enter__": __enter__}
