@@ -56,7 +56,8 @@ def iter_python_files(paths: Collection[PathArg], seen: Optional[Set[str]] = Non
     """Yield the files to lint: given files as they are, ``*.py`` under given folders.
 
     Hidden folders, ``__pycache__``, virtual environments (any folder with a
-    ``pyvenv.cfg``) and ``site-packages`` are skipped. With ``seen`` (a set of real paths, added
+    ``pyvenv.cfg``) and ``site-packages`` are skipped; links to folders are followed, each real
+    folder once. With ``seen`` (a set of real paths, added
     to), a file already in it is skipped: one file named twice (a folder and a file in it) is
     linted once.
 
@@ -70,13 +71,17 @@ def iter_python_files(paths: Collection[PathArg], seen: Optional[Set[str]] = Non
     """
     for path in as_paths(paths):
         if os.path.isdir(path):
-            for root, dirs, files in os.walk(path):
+            # Links to folders are followed, each real folder walked once: a link back to a folder
+            # above (or to itself) would otherwise walk forever.
+            walked = {os.path.realpath(path)}
+            for root, dirs, files in os.walk(path, followlinks=True):
                 dirs[:] = sorted(
                     d
                     for d in dirs
                     if not d.startswith(".")
                     and d not in _SKIP_DIRS
                     and not os.path.exists(os.path.join(root, d, "pyvenv.cfg"))
+                    and _first(os.path.join(root, d), walked)
                 )
                 for name in sorted(files):
                     if name.endswith(".py") and _first(os.path.join(root, name), seen):
