@@ -8,6 +8,11 @@ rank, which is what torch-tb-profiler and trainkit's own tab read.
 A trace's size is bounded by the schedule: only the ``active`` steps of each of the ``repeat``
 cycles are written, without shapes, stacks or memory events (each of those multiplies the size).
 
+A session that closes during a cycle (the loop ended inside it) ends the ``ProfilerStep`` range
+torch opened at the last step, which holds what ran after that step: an evaluation after the
+loop, a checkpoint. It is no training step, so the trace written then names it
+``trainkit/after_last_step``, and a trace left with no training step is said to be one.
+
 torch runs one profiler at a time: a second one started while one records cancels it, and the
 first one's stop then ends the second. So a session refuses ``profile=`` while a profiler of the
 user's records, and the tracer stands down, with a warning, when it finds one of the user's
@@ -19,6 +24,8 @@ during trainkit's warmup fails at its start.
 """
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import socket
 import sys
@@ -27,6 +34,7 @@ from typing import Any, Callable, List, Optional
 
 from .._text import user_stacklevel
 from .regions import profiler_check, profiler_enabled
+from .tracestats import AFTER_LAST_STEP, STEP_PREFIX
 
 #: The suffixes of a trace file, plain or gzip-compressed.
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
@@ -126,6 +134,9 @@ class Tracer:
         self.gzip = bool(getattr(schedule, "gzip", False))
         self.traces: List[str] = []
         self.steps = 0
+        # At close, during a cycle: the ProfilerStep torch opened at the last step, which holds
+        # what ran after it (no step of the training), renamed in the trace written then
+        self._tail: Optional[str] = None
         # Before these steps the profiler idles or warms up (a profiler found recording then is
         # the user's); from the last one on, the schedule has nothing left to record.
         self._idle = (ProfilerAction.NONE, ProfilerAction.WARMUP)
@@ -162,8 +173,11 @@ class Tracer:
                       f"{self.logdir!r} ({type(exc).__name__}: {exc}); the training goes on, "
                       f"and the next cycle is tried again. Fix the folder (or free some space)")
                 return
-            self.traces.extend(sorted(os.path.join(self.logdir, f) for f in after - before
-                                      if is_trace(f)))
+            written = sorted(os.path.join(self.logdir, f) for f in after - before if is_trace(f))
+            if self._tail is not None:
+                for path in written:
+                    self._rename_tail(path, self._tail)
+            self.traces.extend(written)
 
         return on_ready
 
@@ -202,9 +216,48 @@ class Tracer:
         if prof.current_action in self._idle and profiler_recording():
             self._stand_down("when the session closes")
             return
+        from torch.profiler import ProfilerAction
+
+        if prof.current_action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
+            # torch closes the step range it opened at the last step now, at close: what ran
+            # since (an evaluation after the loop) would be written as one more training step
+            self._tail = f"{STEP_PREFIX}{prof.step_num}"
         prof.__exit__(None, None, None)
         if not self.traces and sys.exc_info()[0] is None:  # an exception says enough on its own
             _warn(self._why_no_trace())
+
+    def _rename_tail(self, path: str, tail: str) -> None:
+        """Rename the range ``tail`` in the trace at ``path`` to :data:`AFTER_LAST_STEP`, and say
+        so when no training step is left in it (the session closed before the cycle's first)."""
+        opener: Any = gzip.open if path.endswith(".gz") else open
+        try:
+            with opener(path, "rt", encoding="utf-8") as fh:
+                data = json.load(fh)
+            events = data.get("traceEvents") if isinstance(data, dict) else None
+            if not isinstance(events, list):
+                return
+            left = set()
+            for e in events:
+                name = e.get("name") if isinstance(e, dict) else None
+                if name == tail:  # the host range and, on a GPU, its gpu_user_annotation
+                    e["name"] = AFTER_LAST_STEP
+                elif isinstance(name, str) and name.startswith(STEP_PREFIX):
+                    left.add(name)
+            tmp = path + ".tmp"  # no trace's name: a reader never sees it half-written
+            with opener(tmp, "wt", encoding="utf-8") as fh:
+                json.dump(data, fh)
+            os.replace(tmp, path)
+        except (OSError, ValueError, EOFError) as exc:
+            _warn(f"trainkit: the work after the last step could not be told apart in the trace "
+                  f"{path!r} ({type(exc).__name__}: {exc}): its last ProfilerStep ({tail}) is "
+                  f"no training step but what ran after the session's last one")
+            return
+        if not left:
+            _warn(f"trainkit: the last trace, {os.path.basename(path)!r}, holds no training "
+                  f"step: the session closed after step {self.steps}, before the first profiled "
+                  f"step of the cycle it had started, so the trace holds only what ran after "
+                  f"that step (named {AFTER_LAST_STEP!r}). To profile the end of training, end "
+                  f"the loop inside a cycle, e.g. one step more or fewer")
 
     def _why_no_trace(self) -> str:
         s = self.schedule

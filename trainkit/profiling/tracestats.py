@@ -15,6 +15,10 @@ from typing import Any, Dict, Iterable, List, Tuple
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST_CATS = ("cpu_op", "cuda_runtime", "cuda_driver", "user_annotation")
 STEP_PREFIX = "ProfilerStep#"
+#: What trainkit renames the range torch.profiler opens after the session's last step to, when the
+#: session closes during a profiled cycle: the work after the loop (an evaluation, a checkpoint)
+#: stays visible in the trace, but is no training step.
+AFTER_LAST_STEP = "trainkit/after_last_step"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +84,10 @@ def summarize(events: List[Dict[str, Any]]) -> TraceStats:
         complete.append((ts, dur, str(e.get("cat", "")), str(e.get("name", ""))))
     steps = sorted((ts, ts + dur) for ts, dur, cat, name in complete
                    if cat == "user_annotation" and name.startswith(STEP_PREFIX))
+    if not steps and any(name == AFTER_LAST_STEP for _, _, _, name in complete):
+        # trainkit's trace of a cycle the session closed in before its first step: only the work
+        # after the last step, no training step to summarise
+        return TraceStats(0, 0.0, 0.0, {}, {}, 0.0, 0, 0.0, 0.0, {})
     if not steps:  # a trace without the step marks: take the whole host activity as one step
         host = [(ts, ts + dur) for ts, dur, cat, _ in complete if cat in HOST_CATS]
         steps = [(min(s for s, _ in host), max(e for _, e in host))] if host else []
