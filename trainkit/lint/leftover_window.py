@@ -29,6 +29,8 @@ function. Loops inside ``tk.accumulate``/``accelerator.accumulate`` are left out
 from __future__ import annotations
 
 import ast
+import bisect
+import itertools
 import re
 from typing import Iterator, List, Optional, Tuple
 
@@ -99,13 +101,14 @@ def _enclosing(ctx: FileContext, loop: ast.AST) -> Tuple[Optional[ast.AST], ast.
     return epoch, ctx.tree
 
 
-def _scope_nodes(ctx: FileContext, scope: ast.AST) -> List[ast.AST]:
-    """The calls and assignments of ``scope``'s own body (no nested ``def``/``class``/``lambda``), in
-    source order; walked once per scope, however many loops in it accumulate."""
-    cache = ctx.__dict__.setdefault("_tk112_scopes", {})
-    found = cache.get(id(scope))
-    if found is None:
-        found = []
+class _Scope:
+    """The calls and assignments of a scope's own body (no nested ``def``/``class``/``lambda``), in
+    source order, with their positions for bisecting, and the steps among them; built once per
+    scope, however many loops in it accumulate (a notebook exported as one module has hundreds), so
+    each loop costs a bisect and a pass over the steps, not a pass over the whole scope."""
+
+    def __init__(self, ctx: FileContext, scope: ast.AST) -> None:
+        found: List[ast.AST] = []
         stack: List[ast.AST] = list(getattr(scope, "body", [])) + list(getattr(scope, "orelse", []))
         while stack:
             node = stack.pop()
@@ -115,21 +118,45 @@ def _scope_nodes(ctx: FileContext, scope: ast.AST) -> List[ast.AST]:
                 found.append(node)
             stack.extend(ast.iter_child_nodes(node))
         found.sort(key=pos)
-        cache[id(scope)] = found
+        self.nodes = found
+        self.keys = [pos(n)[:2] for n in found]
+        # each step (or step function call) with the backward-running loops around it in the scope
+        self.steps = [(key, node, [p for p in ctx.ancestors(node, stop=scope)
+                                   if isinstance(p, _LOOPS) and _runs_backward(ctx, p)])
+                      for key, node in zip(self.keys, found)
+                      if isinstance(node, ast.Call) and (ctx.is_step(node)
+                                                         or calls_step_function(node, ctx.step_functions))]
+
+    def body_range(self, loop: ast.AST) -> Tuple[Tuple[int, int], Tuple[int, int], bool]:
+        """The positions of ``loop``'s body: from, to, and whether ``to`` is excluded (its ``else``
+        starts there and runs after the loop, so it is kept outside)."""
+        low = pos(loop.body[0])[:2]  # type: ignore[attr-defined]
+        orelse = loop.orelse  # type: ignore[attr-defined]
+        if orelse:
+            return low, pos(orelse[0])[:2], True
+        # a copy inlined at a call (timm's `_backward(loss)`) is placed at the call by `pos`, its own lines aside
+        return low, _end(loop), False
+
+    def outside(self, loop: ast.AST) -> List[ast.AST]:
+        """The calls and assignments outside ``loop``'s body (its ``else`` is kept)."""
+        low, high, open_end = self.body_range(loop)
+        start = bisect.bisect_left(self.keys, low)
+        end = bisect.bisect_left(self.keys, high) if open_end else bisect.bisect_right(self.keys, high)
+        return self.nodes[:start] + self.nodes[end:]
+
+
+def _scope_index(ctx: FileContext, scope: ast.AST) -> _Scope:
+    cache = ctx.__dict__.setdefault("_tk112_scopes", {})
+    found = cache.get(id(scope))
+    if found is None:
+        found = cache[id(scope)] = _Scope(ctx, scope)
     return found
 
 
 def _outside(ctx: FileContext, scope: ast.AST, loop: ast.AST) -> List[ast.AST]:
     """The calls and assignments of ``scope`` outside ``loop``'s body (its ``else`` runs after the
     loop, so it is kept)."""
-    low = pos(loop.body[0])[:2]  # type: ignore[attr-defined]
-    orelse = loop.orelse  # type: ignore[attr-defined]
-    if orelse:
-        first = pos(orelse[0])[:2]
-        return [node for node in _scope_nodes(ctx, scope) if not low <= pos(node)[:2] < first]
-    # a copy inlined at a call (timm's `_backward(loss)`) is placed at the call by `pos`, its own lines aside
-    high = _end(loop)
-    return [node for node in _scope_nodes(ctx, scope) if not low <= pos(node)[:2] <= high]
+    return _scope_index(ctx, scope).outside(loop)
 
 
 def _in_another_batch_loop(ctx: FileContext, node: ast.AST, scope: ast.AST, loop: ast.AST) -> bool:
@@ -218,19 +245,31 @@ def _same_optimizer(ctx: FileContext, call: ast.Call, optimizer: Optional[str]) 
     return optimizer is None or other is None or other == optimizer
 
 
-def _flushed(ctx: FileContext, acc: Accumulation, scope: ast.AST, nodes: List[ast.AST],
-             after: Optional[Tuple[int, int]]) -> bool:
+def _flushed(ctx: FileContext, acc: Accumulation, scope: ast.AST, after: Optional[Tuple[int, int]]) -> bool:
     """Whether a step of the optimizer (or a step function) runs outside the batch loop and any other
     batch loop, after it when ``after`` is given; or another step of it runs in the batch loop
     outside the step's test."""
-    for node in nodes:
-        if not isinstance(node, ast.Call) or (after is not None and pos(node)[:2] < after):
+    index = _scope_index(ctx, scope)
+    loop = acc.loop.node
+    low, high, open_end = index.body_range(loop)
+    for key, node, loops in index.steps:
+        if low <= key and (key < high if open_end else key <= high):
+            continue  # in the batch loop's body
+        if after is not None and key < after:
             continue
-        if (_same_optimizer(ctx, node, acc.optimizer) or calls_step_function(node, ctx.step_functions)) and not (
-                _in_another_batch_loop(ctx, node, scope, acc.loop.node)):
+        if any(other is not loop for other in loops):
+            continue  # in another batch loop: its own window
+        if _same_optimizer(ctx, node, acc.optimizer) or calls_step_function(node, ctx.step_functions):  # type: ignore[arg-type]
             return True
     return any(other is not acc.step and _same_optimizer(ctx, other, acc.optimizer)
                and not runs_with(acc.loop, other, acc.guard, acc.step) for other in acc.loop.step_calls)
+
+
+def _zeroes(node: ast.AST) -> bool:
+    """``x.zero_grad()`` or ``p.grad = None``: what may wipe the leftover gradients."""
+    if isinstance(node, ast.Call):
+        return method_name(node) == "zero_grad"
+    return isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value is None
 
 
 def _zeroing(ctx: FileContext, acc: Accumulation, scope: ast.AST, nodes: List[ast.AST]) -> Optional[ast.AST]:
@@ -241,8 +280,9 @@ def _zeroing(ctx: FileContext, acc: Accumulation, scope: ast.AST, nodes: List[as
     # on every batch (TK103's mistake) or at each window's start (`if i % n == 0:`), so on the pass's first
     inside = [n for n in acc.loop.region if first is not None and pos(n) < first
               and (not acc.loop.is_conditional(n) or acc.loop.modulo_guard(n) is not None)]
-    outside = [n for n in nodes if not _in_another_batch_loop(ctx, n, scope, acc.loop.node)]
-    for node in outside + inside:
+    # the loop test last: it walks the node's parents, and most nodes are no zeroing at all
+    outside = (n for n in nodes if _zeroes(n) and not _in_another_batch_loop(ctx, n, scope, acc.loop.node))
+    for node in itertools.chain(outside, inside):
         if isinstance(node, ast.Call) and method_name(node) == "zero_grad":
             owner = receiver(node)
             if ctx.is_optimizer(owner) and acc.optimizer is not None and owner != acc.optimizer:
@@ -324,7 +364,7 @@ def check_leftover_window(ctx: FileContext) -> Iterator[Hit]:
         counted = _counted_name(modulo.left)
         if counted is None or (counted != index and not _per_pass_counter(ctx, acc, counted, scope, nodes)):
             continue  # a counter that runs on across passes (windows then straddle epochs) or a step count
-        if _flushed(ctx, acc, scope, nodes, None if epoch is not None else _end(loop)):
+        if _flushed(ctx, acc, scope, None if epoch is not None else _end(loop)):
             continue
         every = ast.unparse(n)
         guard = acc.guard
