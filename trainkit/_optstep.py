@@ -48,7 +48,7 @@ def step_function(p: Any) -> Any:
                 if n % s._log_every == 0:
                     s._wake()
                 if s._profiler is not None:
-                    s._profiler.step()
+                    s.profiler_step()
                 return out
         if not p.live:
             # A stale step: its patch was undone, but a wrapper made meanwhile (an LR scheduler's)

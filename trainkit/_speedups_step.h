@@ -38,7 +38,7 @@ typedef struct {
 /* The names only the step reads; "step", "_active", "_buf", "append", "_last_step_end" and 1 are
    _speedups.c's and _speedups_regions.h's (s_step, s_active, s_buf, s_append, s_last_end, one). */
 static PyObject *fs_gate, *fs_cuda, *fs_live, *fs_primary, *fs_enabled, *fs_core, *fs_log_every,
-    *fs_wake, *fs_profiler, *fs_zero;
+    *fs_wake, *fs_profiler, *fs_profiler_step, *fs_zero;
 
 static int fs_traverse(FastStep *self, visitproc visit, void *arg) {
     Py_VISIT(self->p);
@@ -248,12 +248,10 @@ static int fs_fast(FastStep *self, PyObject **out) {
         if (!(x = PyObject_CallMethodNoArgs(s, fs_wake))) goto done;
         Py_CLEAR(x);
     }
-    /* `if s._profiler is not None: s._profiler.step()` */
+    /* `if s._profiler is not None: s.profiler_step()` */
     if ((c = fs_attr_is(s, fs_profiler, Py_None)) < 0) goto done;
     if (!c) {
-        if (!(x = PyObject_GetAttr(s, fs_profiler))) goto done;
-        PyObject *r = PyObject_CallMethodNoArgs(x, s_step);
-        Py_CLEAR(x);
+        PyObject *r = PyObject_CallMethodNoArgs(s, fs_profiler_step);
         if (!r) goto done;
         Py_DECREF(r);
     }
@@ -389,9 +387,9 @@ static PyTypeObject FastStepType = {
 /* The interned names, then the type: PyInit__speedups calls it as PyType_Ready */
 static int fast_step_ready(void) {
     static const char *names[] = {"gate", "_cuda", "live", "_primary", "_is_profiler_enabled",
-                                  "_core", "_log_every", "_wake", "_profiler"};
+                                  "_core", "_log_every", "_wake", "_profiler", "profiler_step"};
     PyObject **slots[] = {&fs_gate, &fs_cuda, &fs_live, &fs_primary, &fs_enabled, &fs_core,
-                          &fs_log_every, &fs_wake, &fs_profiler};
+                          &fs_log_every, &fs_wake, &fs_profiler, &fs_profiler_step};
     for (size_t i = 0; i < sizeof(slots) / sizeof(*slots); i++)
         if (!*slots[i] && !(*slots[i] = PyUnicode_InternFromString(names[i]))) return -1;
     if (!fs_zero && !(fs_zero = PyLong_FromLong(0))) return -1;
