@@ -32,6 +32,17 @@ _MATCH_CASE: Tuple[type, ...] = (ast.match_case,) if hasattr(ast, "match_case") 
 # Early exits before a statement, nearest first, as a linked list: (exit ``if``, the ones before it).
 _Chain = Optional[Tuple[ast.If, "_Chain"]]
 
+def implies(test: ast.expr, holds: bool, leaf: Callable[[ast.expr, bool], bool]) -> bool:
+    """Whether ``test`` being ``holds`` (true, or false) implies what ``leaf`` asks of one of its parts."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return implies(test.operand, not holds, leaf)
+    if isinstance(test, ast.BoolOp):
+        parts = (implies(v, holds, leaf) for v in test.values)
+        # `a and b` true (or `a or b` false) pins every part; `a or b` true pins none of them alone
+        return any(parts) if isinstance(test.op, ast.And) == holds else all(parts)
+    return leaf(test, holds)
+
+
 def _is_query(call: ast.Call) -> bool:
     """``scaler.is_enabled()``, ``torch.cuda.is_available()``: a state query without arguments."""
     name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 from typing import Iterator, Optional
 
+from trainkit.lint._conditions import implies
 from trainkit.lint._core import FileContext, TrainingLoop
 from trainkit.lint._nodes import dotted, method_name, receiver
 from trainkit.lint._loss import backward_operand
@@ -98,6 +99,24 @@ def _scaled_backward(ctx: FileContext, call: ast.Call) -> bool:
     return isinstance(operand, ast.Call) and method_name(operand) == "scale" and ctx.is_scaler(receiver(operand))
 
 
+def _scaler_disabled_at(ctx: FileContext, loop: TrainingLoop, scaler: Optional[str], node: ast.AST) -> bool:
+    """Whether ``node`` runs only where ``scaler`` is switched off: every assignment of it is
+    ``GradScaler(..., enabled=E)`` and ``node`` sits where ``E`` is false (``else:`` of ``if E:``,
+    ``if not E:``). There ``scaler.scale(loss)`` returns the loss unchanged, so a plain step is right."""
+    switches = [next((k.value for k in v.keywords if k.arg == "enabled"), None) if isinstance(v, ast.Call) else None
+                for v in ctx.assignments.get(scaler or "", [])]
+    if not switches or any(e is None for e in switches) or len({ast.dump(e) for e in switches}) != 1:  # type: ignore[arg-type]
+        return False  # constructed without `enabled=`, or with different switches
+    switch = ast.dump(switches[0])  # type: ignore[arg-type]
+
+    def off(expr: ast.expr, holds: bool) -> bool:
+        return not holds and ast.dump(expr) == switch
+
+    return any(isinstance(owner, ast.If) and side in ("body", "orelse")
+               and implies(loop.resolved(owner.test), side == "body", off)
+               for owner, side in loop.branches(node))
+
+
 @rule(
     "TK202",
     name="scaled-backward-plain-step",
@@ -115,7 +134,8 @@ def check_plain_step_after_scaled_backward(ctx: FileContext) -> Iterator[Hit]:
         for step in loop.step_calls:
             name = receiver(step)
             # ``if use_amp: scaled backward + scaler.step  else: plain backward + step`` is fine.
-            if ctx.is_optimizer(name) and not ctx.is_scaler(name) and not loop.exclusive(scaled[0], step):
+            if ctx.is_optimizer(name) and not ctx.is_scaler(name) and not loop.exclusive(scaled[0], step) \
+                    and not _scaler_disabled_at(ctx, loop, scaler, step):
                 # After `scaler.unscale_(opt)` (to clip) the gradients are true ones: what is wrong then
                 # is that the step is taken whatever they hold, and the scale never adapts.
                 what = (f"`{ast.unparse(unscaled[0])}` (line {unscaled[0].lineno}) unscaled the gradients, but "

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Callable, Dict, Iterator, List, Optional, Set
+from typing import Dict, Iterator, List, Optional, Set
 
+from trainkit.lint._conditions import implies
 from trainkit.lint._core import FileContext, TrainingLoop
 from trainkit.lint._host_consumers import feeds_environment
 from trainkit.lint._nodes import dotted, has_modulo, method_name, names_in, pos
@@ -51,17 +52,6 @@ def _tensorish(name: Optional[str], tensors: Set[str], numbers: Set[str]) -> boo
     return bool(_TENSORISH_RE.match(parts[-1])) and not any(_CONFIG_RE.search(p) for p in parts[:-1])
 
 
-def _implies(test: ast.expr, holds: bool, leaf: Callable[[ast.expr, bool], bool]) -> bool:
-    """Whether ``test`` being ``holds`` (true, or false) implies what ``leaf`` asks of one of its parts."""
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return _implies(test.operand, not holds, leaf)
-    if isinstance(test, ast.BoolOp):
-        parts = (_implies(v, holds, leaf) for v in test.values)
-        # `a and b` true (or `a or b` false) pins every part; `a or b` true pins none of them alone
-        return any(parts) if isinstance(test.op, ast.And) == holds else all(parts)
-    return leaf(test, holds)
-
-
 def _synced(expr: ast.expr, holds: bool) -> bool:
     """``accelerator.sync_gradients`` true: accelerate's real step, once per accumulation window."""
     name = dotted(expr)
@@ -85,7 +75,7 @@ def _rare(loop: TrainingLoop, test: ast.expr, holds: bool) -> bool:
     """Whether code running where ``test`` is ``holds`` runs once per real step of accelerate's
     accumulation, or only on a non-finite loss, not on every micro-batch."""
     test = loop.resolved(test)
-    return _implies(test, holds, _synced) or _implies(test, holds, _bad_value)
+    return implies(test, holds, _synced) or implies(test, holds, _bad_value)
 
 
 def _exempt(ctx: FileContext, loop: TrainingLoop, node: ast.AST) -> bool:
