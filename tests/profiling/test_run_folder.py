@@ -219,7 +219,10 @@ def test_a_trace_being_written_is_said_so_and_analyzed_once_complete(tmp_path, c
 def test_only_a_trace_being_written_is_not_a_run_without_steps(tmp_path, name):
     path, _ = half_written(str(tmp_path / "run"), name)
     rep = analyze_run(str(tmp_path / "run"), str(tmp_path / "run"))
-    assert rep.writing == (path,) and rep.findings == ()  # no TA110 either
+    assert rep.writing == (path,)  # no TA100: not a broken file
+    # but nothing was analyzed, which is no clean run (trainkit analyze exits 1, not 0)
+    (f,) = rep.findings
+    assert f.code == "TA110" and "still being written" in f.evidence
 
 
 def test_a_trace_unchanged_for_a_while_is_broken_for_good(tmp_path):
@@ -249,7 +252,7 @@ def test_a_trace_still_growing_is_being_written_whatever_its_mtime(tmp_path, mon
 
     monkeypatch.setattr(analyze, "read_trace", read_while_growing)
     rep = analyze_run(str(tmp_path / "run"), str(tmp_path / "run"), clock=later)
-    assert rep.writing == (path,) and rep.findings == ()
+    assert rep.writing == (path,) and codes(rep.findings) == ["TA110"]  # nothing analyzed yet
 
 
 def test_the_tab_does_not_keep_a_report_with_a_trace_being_written(tmp_path, monkeypatch):

@@ -18,7 +18,8 @@ from typing import Any, Callable, Dict, List, Tuple, Union
 from .analyzers import records as record_rules
 from .analyzers import traces as trace_rules
 from .finding import Finding, sort_key
-from .runs import Run, TraceError, being_written, find_runs, load_run, read_trace
+from .runs import (WRITING_GRACE_S, Run, TraceError, being_written, find_runs, load_run,
+                   read_trace)
 from .tracestats import TraceStats, summarize
 
 
@@ -100,9 +101,14 @@ def analyze_run(logdir: str, folder: str, *,
             found.append(dataclasses.replace(f, run=run.name))
     found.extend(bad)
     steps = len(st)
-    if not steps and not t.steps and not bad and not writing and run.is_trainkit:
+    if not steps and not t.steps and not bad:
         # Say so, rather than "no findings": a run with nothing to analyze is not a clean run.
-        found.append(record_rules.no_steps(run))
+        if writing:
+            found.append(_nothing_yet(run, writing))
+        elif run.is_trainkit:
+            found.append(record_rules.no_steps(run))
+        elif run.traces:
+            found.append(_no_step_in_traces(run))
     sessions = record_rules.several_sessions(run)
     if sessions is not None:
         found.append(sessions)
@@ -111,6 +117,39 @@ def analyze_run(logdir: str, folder: str, *,
                      traces=tuple(t for t in run.traces if t not in writing), steps=steps,
                      is_trainkit=run.is_trainkit or bool(run.traces or run.earlier_traces),
                      writing=tuple(writing), earlier_traces=run.earlier_traces)
+
+
+def _names(paths: Any) -> str:
+    return ", ".join(os.path.basename(p) for p in paths)
+
+
+def _nothing_yet(run: Run, writing: List[str]) -> Finding:
+    """TA110 for a run whose only traces are still being written (or were cut short moments ago,
+    a crash) and whose records count no step: nothing was analyzed yet."""
+    return Finding(
+        code="TA110", title="nothing analyzed",
+        evidence=f"nothing was analyzed in {run.path!r}: no step counted in its records, and its "
+                 f"trace(s) {_names(writing)} are still being written (unreadable, changed within "
+                 f"the last {WRITING_GRACE_S:.0f} s), so they are left out",
+        share=None, count=0,
+        fix="analyze again once the run has ended (a profiling cycle's trace is written as the "
+            "cycle ends); a trace left cut short by a crash stays unreadable and is reported as "
+            "TA100 a minute after its last change",
+        severity="high", run=run.name)
+
+
+def _no_step_in_traces(run: Run) -> Finding:
+    """TA110 for a run of traces only, none holding a profiled step."""
+    return Finding(
+        code="TA110", title="nothing analyzed",
+        evidence=f"nothing was analyzed in {run.path!r}: no trainkit records, and no trace holds "
+                 f"a training step ({_names(run.traces)}: empty, or only what ran after the "
+                 f"session's last step, trainkit/after_last_step)",
+        share=None, count=0,
+        fix="profile steps of the training: tk.session(logdir=..., profile=tk.ProfileSchedule("
+            "wait=5, warmup=1, active=3)) around the loop, with tk.patch(optimizer) so that the "
+            "session counts the steps, and a loop longer than wait + warmup steps",
+        severity="high", run=run.name)
 
 
 def _check_logdir(logdir: Any) -> str:

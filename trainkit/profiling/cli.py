@@ -1,5 +1,8 @@
 """``trainkit analyze LOGDIR``: print the findings; exit 0 with none, 1 with some, 2 on bad usage.
 
+A run where nothing could be analyzed (no counted step, no trace holding a step: an empty trace,
+or one still being written) gets TA110, so it exits 1, never 0 as a clean run does.
+
 ``trainkit/cli.py`` adds this as a subcommand with :func:`add_arguments` and :func:`run`;
 :func:`main` runs it alone (``python -m trainkit.profiling.cli LOGDIR``).
 """
