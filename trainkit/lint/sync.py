@@ -24,7 +24,21 @@ _SYNC_METHODS = frozenset({"item", "cpu", "tolist"})
 #: ``.numpy()`` is a host read only with ``force=True`` (which copies a GPU tensor to the host)
 _CONVERTERS = frozenset(_SYNC_METHODS | {"numpy"})
 # An ``if`` mentioning one of these guards logging or evaluation, not the step itself.
-_LOGGING_RE = re.compile(r"log|print|verbose|debug|display|report|val|eval", re.IGNORECASE)
+# The words of a logging or evaluation setting (``log_every``, ``should_log``, ``args.verbose``,
+# ``do_eval``, ``logStep``, ``printfreq``): the words of a name, not a substring of it, which hid
+# reads under ``if use_aux_logits:`` ("log") or ``if clip_value is not None:`` ("val").
+_LOGGING_WORDS = frozenset((
+    "log", "logs", "logging", "logger", "print", "printing", "verbose", "verbosity", "debug",
+    "debugging", "display", "report", "reporting", "val", "valid", "validate", "validation",
+    "eval", "evaluate", "evaluation", "evaluating"))
+_LOGGING_JOINED = re.compile(r"(log|print|eval|val|report|display|debug)"
+                             r"(every|each|freq|frequency|interval|iter|iters|step|steps|period|n)")
+_WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
+
+
+def _logging_name(name: str) -> bool:
+    return any(w in _LOGGING_WORDS or _LOGGING_JOINED.fullmatch(w)
+               for w in map(str.lower, _WORDS.findall(name)))
 _NO_GRAD = ("no_grad", "inference_mode")
 # torch's factories that make a new tensor on the default device (the CPU) unless given `device=`:
 # `torch.rand(1).item()` (an epsilon-greedy draw) reads host memory, no device to wait for.
@@ -93,7 +107,7 @@ def _exempt(ctx: FileContext, loop: TrainingLoop, node: ast.AST) -> bool:
             if _rare(loop, parent.test, in_body):
                 return True
             # Only the body is the logging branch; the else branch runs on the plain steps.
-            if in_body and (has_modulo(parent.test) or any(_LOGGING_RE.search(n) for n in names_in(parent.test))):
+            if in_body and (has_modulo(parent.test) or any(map(_logging_name, names_in(parent.test)))):
                 return True
         child = parent
     return ctx.inside_with(node, _NO_GRAD, stop=loop.node)
