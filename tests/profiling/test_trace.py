@@ -77,9 +77,15 @@ def test_a_cycle_cut_short_by_close_is_written(logdir):
 
 @pytest.mark.parametrize("kwargs", [dict(wait=0, warmup=0, active=0), dict(wait=-1, warmup=0, active=1),
                                     dict(wait=0, warmup=-2, active=1), dict(wait=0, warmup=0, active=1, repeat=0),
-                                    dict(wait=0, warmup=0, active=1.5), dict(wait=True, warmup=0, active=1)])
+                                    ])
 def test_bad_schedules_are_rejected_with_the_value(kwargs):
     with pytest.raises(ValueError, match=r"ProfileSchedule\(\w+=.*must be an int >= "):
+        tk.ProfileSchedule(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(wait=0, warmup=0, active=1.5), dict(wait=True, warmup=0, active=1)])
+def test_schedules_of_the_wrong_type_are_a_type_error(kwargs):  # more in test_schedule.py
+    with pytest.raises(TypeError, match=r"ProfileSchedule\(\w+=.*must be an int "):
         tk.ProfileSchedule(**kwargs)
 
 

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
+import sys
 from typing import Any
 
 
@@ -27,15 +29,35 @@ class ProfileSchedule:
     gzip: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.gzip, bool):
-            raise TypeError(f"ProfileSchedule(gzip={self.gzip!r}): gzip must be True or False, "
+        # Checked and converted before anything is set: a refusal changes nothing. numpy integers
+        # are taken as tk.session(log_every=...) takes them, and stored as plain ints.
+        gzip = self.gzip
+        if not isinstance(gzip, bool) and not _is_numpy_bool(gzip):
+            raise TypeError(f"ProfileSchedule(gzip={gzip!r}): gzip must be True or False, "
                             f"e.g. ProfileSchedule(wait=10, warmup=2, active=3, gzip=True)")
+        values = {"gzip": bool(gzip)}
         for name, minimum in (("wait", 0), ("warmup", 0), ("active", 1), ("repeat", 1)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(
-                    f"ProfileSchedule({name}={value!r}): {name} must be an int >= {minimum}, "
-                    f"e.g. ProfileSchedule(wait=10, warmup=2, active=3, repeat=1)")
+            example = "e.g. ProfileSchedule(wait=10, warmup=2, active=3, repeat=1)"
+            try:
+                if isinstance(value, bool) or _is_numpy_bool(value):
+                    raise TypeError
+                number = operator.index(value)  # int and numpy integers; not 1.5, "1" or None
+            except TypeError:
+                raise TypeError(f"ProfileSchedule({name}={value!r}): {name} must be an int "
+                                f"(a count of steps), not {type(value).__name__}, "
+                                f"{example}") from None
+            if number < minimum:
+                raise ValueError(f"ProfileSchedule({name}={number!r}): {name} must be an int >= "
+                                 f"{minimum}, {example}")
+            values[name] = number
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+
+def _is_numpy_bool(value: Any) -> bool:
+    np = sys.modules.get("numpy")  # not imported: the value cannot be one of its booleans
+    return np is not None and isinstance(value, np.bool_)
 
 
 def check_session_profile(profile: Any) -> Any:
