@@ -87,7 +87,17 @@ class StepCounter:
         stopping it, writing and compressing its trace, tens of ms) is trainkit's work, not the
         user's: on the host clock the next step's ``step_time_ms`` begins after it. (It made the
         step after each cycle 34-48 ms in a loop of 2.7 ms steps, in no trace, and its mean
-        2.5x.) A step that ended at a CUDA event keeps it: the next one is timed from there."""
+        2.5x.) On a GPU, where the device idles meanwhile, the next step is timed from a CUDA event
+        recorded after it, when it took over a millisecond (a cycle's end: the event a step takes
+        otherwise is not worth it)."""
+        t0 = timing.now()
         self._profiler.step()
-        if self._last_step_end.__class__ is float:
+        end = self._last_step_end
+        if end.__class__ is float:
             self._last_step_end = timing.now()
+        elif end is not None and timing.now() - t0 > 1e-3:
+            try:  # the step's own end stays its interval's (which never gives it back)
+                self._last_step_end = timing.cuda_event(timing.event_device(end))
+            except RuntimeError:  # a CUDA error that sticks: the next step ends as it can
+                return
+            self._last_step_host = timing.now()
