@@ -42,6 +42,8 @@ TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 #: nothing is lost and the advice (acc_events=True) does not apply. Older torch has no space
 #: after "cycle.".
 _CLEARS_EVENTS = "Profiler clears events at the end of each cycle"
+#: torch's warning for a schedule with warmup=0, which trainkit says itself at the user's line.
+_NO_WARMUP = "Profiler won't be using warmup"
 
 
 def is_trace(name: str) -> bool:
@@ -142,10 +144,20 @@ class Tracer:
         self._idle = (ProfilerAction.NONE, ProfilerAction.WARMUP)
         self._none = ProfilerAction.NONE
         self._end = (schedule.wait + schedule.warmup + schedule.active) * schedule.repeat
+        with warnings.catch_warnings():
+            # torch's warning would point at this line: said below at the user's, with the fix
+            warnings.filterwarnings("ignore", message=_NO_WARMUP)
+            steps = make_schedule(wait=schedule.wait, warmup=schedule.warmup,
+                                  active=schedule.active, repeat=schedule.repeat)
+        if schedule.warmup == 0:
+            _warn(f"trainkit: tk.session(profile={schedule!r}) has no warm-up step: the profiler "
+                  f"starts recording at the first active step, whose times then include its "
+                  f"start-up (torch warns that this can skew the results); one warm-up step "
+                  f"avoids it, e.g. ProfileSchedule(wait={schedule.wait}, warmup=1, "
+                  f"active={schedule.active})")
         self._prof: Any = _quiet_profile()(
             activities=activities,
-            schedule=make_schedule(wait=schedule.wait, warmup=schedule.warmup,
-                                   active=schedule.active, repeat=schedule.repeat),
+            schedule=steps,
             on_trace_ready=self._writer(worker_name(rank)),
             # Shapes, stacks and memory events each multiply a trace's size; the findings and
             # the tab need none of them.
