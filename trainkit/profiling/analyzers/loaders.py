@@ -1,7 +1,9 @@
 """TA101's advice, fitted to the DataLoader that fed the steps (its settings as the session
 recorded them: :mod:`trainkit._loaderinfo`).
 
-- no workers: ``num_workers=`` (a count from ``os.cpu_count()`` of the machine analyzing);
+- no workers: ``num_workers=`` (a count from ``os.cpu_count()`` of the machine analyzing); but
+  where a batch takes less than a worker's hand-over (an in-memory dataset), no workers and one
+  indexing per batch (``BatchSampler`` as the sampler);
 - workers started again each pass (no ``persistent_workers``) and a pass's first batch waiting
   far longer than the others: ``persistent_workers=True``, with the start-up measured per pass;
 - workers, waiting steadily: more of them, or a deeper ``prefetch_factor`` where only some
@@ -132,7 +134,9 @@ def _one(st: Any, loader: Loader, every: List[Loader], *, named: bool) -> Tuple[
                      f"(~{per_pass * restarts:.0f} ms over the {restarts} later pass(es) here)")
     steady_share = (sum(waits.get(k, 0.0) for k in steady)
                     / max(1e-9, sum(times.get(k, 0.0) for k in steady)))
-    if not workers:
+    if not workers and wait < HANDOVER_MS:
+        fixes.append(_cheap_batches(s, wait))
+    elif not workers:
         cores = os.cpu_count() or 1
         n = max(1, min(8, cores - 1))
         fixes.append(
@@ -154,6 +158,21 @@ def _one(st: Any, loader: Loader, every: List[Loader], *, named: bool) -> Tuple[
     if pin:
         fixes.append(pin)
     return who + "; ".join(evidence), who + "; ".join(fixes)
+
+
+def _cheap_batches(s: Dict[str, Any], wait: float) -> str:
+    """The fix for batches loaded in the training process in less time than a worker takes to
+    hand one over (an in-memory dataset): no workers, fewer per-sample calls."""
+    cpu = ("; this run trains on the CPU, whose cores workers would take from the training"
+           if s.get("cuda_available") is False else "")
+    batch = s.get("batch_size") or "B"
+    return (f"keep num_workers=0: a batch is loaded in a median {wait:.2f} ms a step, less than "
+            f"handing one over from a worker process (~{HANDOVER_MS:.0f} ms), so workers would "
+            f"make the step slower{cpu}. For data already in memory (a TensorDataset, tensors), "
+            f"load each batch with one indexing instead of one __getitem__ per sample and a "
+            f"collate: DataLoader(ds, sampler=BatchSampler(RandomSampler(ds), "
+            f"batch_size={batch}, drop_last=False), batch_size=None) (ds[indices] returns the "
+            f"batch), or slice the tensors by torch.randperm yourself")
 
 
 def _rounds(values: List[float], n: int) -> List[float]:
