@@ -4,6 +4,7 @@ epoch (the same wrong fix said once per loader, worker start-up not named)."""
 from __future__ import annotations
 
 import json
+import time
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -16,6 +17,10 @@ from trainkit.sinks.tensorboard import EventFileWriter
 
 def _ta101(logdir):
     return [f for f in tk.analyze(logdir) if f.code == "TA101"]
+
+
+def _sleepy_start(_worker_id):  # a worker's start-up made visible (module level: picklable)
+    time.sleep(0.1)
 
 
 def _loop(logdir, make_loader, *, epochs):
@@ -70,3 +75,25 @@ def test_an_in_memory_tensor_dataset_is_not_told_to_use_workers(logdir):
     _loop(logdir, lambda: DataLoader(ds, batch_size=32), epochs=1)
     for f in _ta101(logdir):  # whether TA101 fires depends on this machine's speed
         assert "num_workers=" not in f.fix.replace("num_workers=0", ""), f.fix
+
+
+def test_a_new_dataloader_each_epoch_is_one_loader_with_worker_start_up_said_once(logdir):
+    ds = TensorDataset(torch.randn(8, 16), torch.randn(8, 1))
+    _loop(logdir, lambda: DataLoader(ds, batch_size=2, num_workers=2,
+                                     worker_init_fn=_sleepy_start), epochs=3)
+    (f,) = _ta101(logdir)
+    assert f.fix.count("persistent_workers=True") == 1, f.fix
+    assert "create the DataLoader once" in f.fix, f.fix
+    assert "loader 1" not in f.fix and "loader 2" not in f.fix  # said once, for the three
+    assert "a new DataLoader for each of its 3 passes" in f.evidence, f.evidence
+    assert f.evidence.count("the steps were fed by") == 1, f.evidence
+    per_epoch = float(f.fix.split("saving ~")[1].split(" ms")[0])
+    assert 70 <= per_epoch <= 2000, f.fix  # each start sleeps 0.1 s in the workers
+
+
+def test_a_new_persistent_dataloader_each_epoch_is_told_to_be_made_once(logdir):
+    ds = TensorDataset(torch.randn(8, 16), torch.randn(8, 1))
+    _loop(logdir, lambda: DataLoader(ds, batch_size=2, num_workers=2, persistent_workers=True,
+                                     worker_init_fn=_sleepy_start), epochs=3)
+    (f,) = _ta101(logdir)
+    assert "create the DataLoader once" in f.fix, f.fix

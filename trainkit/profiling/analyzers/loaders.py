@@ -6,6 +6,8 @@ recorded them: :mod:`trainkit._loaderinfo`).
   indexing per batch (``BatchSampler`` as the sampler);
 - workers started again each pass (no ``persistent_workers``) and a pass's first batch waiting
   far longer than the others: ``persistent_workers=True``, with the start-up measured per pass;
+  a new DataLoader each pass (loaders of the same settings, one after the other) is one loader,
+  advised once: create it once, with ``persistent_workers=True``;
 - workers, waiting steadily: more of them, or a deeper ``prefetch_factor`` where only some
   batches are slow, or cheaper per-sample work where more workers cannot help (the CPU is busy,
   or it would take more workers than cores), each from the measured step and wait times;
@@ -100,11 +102,37 @@ def advice(st: Any) -> Tuple[str, str]:
     if not loaders:
         return "", GUESS_FIX
     every = recorded(st.run)
-    said = [_one(st, l, every, named=len(loaders) > 1) for l in loaders]
+    groups = _made_anew(loaders)
+    merged = {g[0].index: _merge(g) for g in groups if len(g) > 1}
+    gone = {l.index for g in groups for l in g[1:]}
+    every = [merged.get(l.index, l) for l in every if l.index not in gone]
+    said = [_one(st, merged.get(g[0].index, g[0]), every, named=len(groups) > 1, anew=g)
+            for g in groups]
     return "".join("; " + e for e, _ in said), "; ".join(f for _, f in said)
 
 
-def _one(st: Any, loader: Loader, every: List[Loader], *, named: bool) -> Tuple[str, str]:
+def _made_anew(loaders: List[Loader]) -> List[List[Loader]]:
+    """The loaders grouped into those that are one DataLoader made anew for each pass (or
+    epoch): the same settings, each one's passes after the one before's."""
+    groups: List[List[Loader]] = []
+    for l in loaders:
+        last = groups[-1][-1] if groups else None
+        if (last is not None and l.settings == last.settings and l.passes and last.passes
+                and l.passes[0] > last.passes[-1]):
+            groups[-1].append(l)
+        else:
+            groups.append([l])
+    return groups
+
+
+def _merge(group: List[Loader]) -> Loader:
+    return Loader(group[0].index, group[0].settings,
+                  tuple(sorted(p for l in group for p in l.passes)))
+
+
+def _one(st: Any, loader: Loader, every: List[Loader], *, named: bool,
+         anew: List[Loader]) -> Tuple[str, str]:
+    """``anew``: the loaders ``loader`` stands for (one, or one DataLoader made anew each pass)."""
     run, s = st.run, loader.settings
     waits, times = run.values(DATA_WAIT), run.values(STEP_TIME)
     # The steady steps: timed ones outside any loader's start of a pass: what a batch costs.
@@ -114,12 +142,17 @@ def _one(st: Any, loader: Loader, every: List[Loader], *, named: bool) -> Tuple[
     compute = _median([max(0.0, times[k] - waits.get(k, 0.0)) for k in steady if k in times])
     workers = int(s.get("num_workers") or 0)
     evidence = [f"the steps were fed by {loader.describe()}"]
+    if len(anew) > 1:
+        many = (f"for each of its {len(loader.passes)} passes" if len(anew) == len(loader.passes)
+                else f"{len(anew)} times over its {len(loader.passes)} passes")
+        evidence[0] += (f", a new DataLoader {many} (loaders {anew[0].index} to "
+                        f"{anew[-1].index}, the same settings one after the other)")
     fixes: List[str] = []
     who = f"loader {loader.index}: " if named else ""
 
     others = {p for l in every if l.index != loader.index for p in l.passes}
     startup = _startup(loader, waits, others, wait)
-    if workers and startup is not None and not s.get("persistent_workers"):
+    if workers and startup is not None and (len(anew) > 1 or not s.get("persistent_workers")):
         per_pass, used, mixed = startup
         restarts = len(loader.passes) - 1
         first = "its first step" if workers == 1 else f"its first {workers} steps"
@@ -129,9 +162,16 @@ def _one(st: Any, loader: Loader, every: List[Loader], *, named: bool) -> Tuple[
             f"{len(loader.passes)} passes"
             + (" (whose steps also held another loader's pass)" if mixed else "")
             + f": its {workers} workers start again at each pass")
-        fixes.append(f"DataLoader(..., persistent_workers=True): the workers then start once, "
-                     f"saving ~{per_pass:.0f} ms of worker start-up per epoch "
-                     f"(~{per_pass * restarts:.0f} ms over the {restarts} later pass(es) here)")
+        saving = (f"saving ~{per_pass:.0f} ms of worker start-up per epoch "
+                  f"(~{per_pass * restarts:.0f} ms over the {restarts} later pass(es) here)")
+        if len(anew) > 1:
+            fixes.append(f"create the DataLoader once, before the epoch loop, with "
+                         f"persistent_workers=True: each new DataLoader starts its {workers} "
+                         f"workers again (persistent workers last only across the passes of one "
+                         f"loader); its workers then start once, {saving}")
+        else:
+            fixes.append(f"DataLoader(..., persistent_workers=True): the workers then start "
+                         f"once, {saving}")
     steady_share = (sum(waits.get(k, 0.0) for k in steady)
                     / max(1e-9, sum(times.get(k, 0.0) for k in steady)))
     if not workers and wait < HANDOVER_MS:
