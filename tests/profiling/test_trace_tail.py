@@ -83,3 +83,22 @@ def test_a_session_closing_right_after_a_step_outside_the_window_is_untouched(lo
     (path,) = _traces(logdir)
     marks = _marks(read_trace(path))
     assert sorted(marks) == ["ProfilerStep#2", "ProfilerStep#3"]
+
+
+def test_each_trace_says_how_its_steps_map_to_trainkits(logdir):
+    """torch's ProfilerStep#N is trainkit's step N + 1 (step_time_ms, s.log): each trace says so
+    in its metadata, and the steps it holds are those the schedule profiles in trainkit's count."""
+    import json
+
+    from trainkit.profiling.trace import STEP_OFFSET, TRACE_META
+
+    # wait=3, warmup=1: trainkit's steps 5 and 6 are profiled, in both cycles' places
+    _run(logdir, tk.ProfileSchedule(wait=3, warmup=1, active=2, repeat=2), steps=12, evals=0)
+    for path, first in zip(_traces(logdir), (5, 11)):
+        with open(path) as fh:
+            data = json.load(fh)
+        assert data[TRACE_META]["step_offset"] == STEP_OFFSET == 1
+        assert "ProfilerStep#N is trainkit step N + 1" in data[TRACE_META]["about"]
+        steps = sorted(int(n[len(STEP_PREFIX):]) + STEP_OFFSET for n in _marks(data["traceEvents"])
+                       if n.startswith(STEP_PREFIX))
+        assert steps == [first, first + 1]

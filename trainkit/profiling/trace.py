@@ -13,6 +13,10 @@ torch opened at the last step, which holds what ran after that step: an evaluati
 loop, a checkpoint. It is no training step, so the trace written then names it
 ``trainkit/after_last_step``, and a trace left with no training step is said to be one.
 
+torch numbers the steps ``ProfilerStep#0``, ``#1``... from the session's start, trainkit from 1:
+``ProfilerStep#N`` is trainkit's step N + 1 (``trainkit/step_time_ms``, ``s.log``), as each
+trace's top-level ``"trainkit"`` metadata says.
+
 torch runs one profiler at a time: a second one started while one records cancels it, and the
 first one's stop then ends the second. So a session refuses ``profile=`` while a profiler of the
 user's records, and the tracer stands down, with a warning, when it finds one of the user's
@@ -42,6 +46,11 @@ TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 #: nothing is lost and the advice (acc_events=True) does not apply. Older torch has no space
 #: after "cycle.".
 _CLEARS_EVENTS = "Profiler clears events at the end of each cycle"
+#: The top-level key of a trace's trainkit metadata, and the offset it records: the trace's
+#: ``ProfilerStep#N`` is trainkit's step ``N + STEP_OFFSET`` (the profiler starts with the
+#: session, before its step 1, and torch counts from 0).
+TRACE_META = "trainkit"
+STEP_OFFSET = 1
 #: torch's warning for a schedule with warmup=0, which trainkit says itself at the user's line.
 _NO_WARMUP = "Profiler won't be using warmup"
 
@@ -165,6 +174,14 @@ class Tracer:
             with_stack=False,
             profile_memory=False,
         )
+        # torch numbers its ProfilerStep#N from 0 as the profiler starts, trainkit its steps from
+        # 1 (step_time_ms, s.log): each trace says how one maps to the other, at its top level
+        preset = getattr(self._prof, "preset_metadata_json", None)  # torch 2.1 and later
+        if preset is not None:
+            preset(TRACE_META, json.dumps({"step_offset": STEP_OFFSET, "about": (
+                f"ProfilerStep#N is trainkit step N + {STEP_OFFSET} (as trainkit/step_time_ms "
+                f"and s.log number them); {AFTER_LAST_STEP} is what ran after the session's last "
+                f"step, no step")}))
         self._prof.__enter__()
         self._closed = False
 
