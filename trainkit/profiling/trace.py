@@ -145,6 +145,7 @@ class Tracer:
         self.gzip = bool(getattr(schedule, "gzip", False))
         self.traces: List[str] = []
         self.steps = 0
+        self._unwritten = 0  # cycles that ended, their trace not written (said at each)
         # At close, during a cycle: the ProfilerStep torch opened at the last step, which holds
         # what ran after it (no step of the training), renamed in the trace written then
         self._tail: Optional[str] = None
@@ -198,6 +199,7 @@ class Tracer:
                 handler(prof)
                 after = set(os.listdir(self.logdir))
             except Exception as exc:
+                self._unwritten += 1
                 _warn(f"trainkit: a profiler trace of step {self.steps} could not be written to "
                       f"{self.logdir!r} ({type(exc).__name__}: {exc}); the training goes on, "
                       f"and the next cycle is tried again. Fix the folder (or free some space)")
@@ -291,6 +293,10 @@ class Tracer:
     def _why_no_trace(self) -> str:
         s = self.schedule
         head = f"trainkit: tk.session(profile={s!r}) wrote no trace: "
+        if self._unwritten:
+            return (head + f"{self._unwritten} cycle(s) ended, but their traces could not be "
+                    f"written to {self.logdir!r} (said as each ended); fix the folder (or free "
+                    f"some space)")
         if self.steps == 0:
             return (head + "the session counted no step, and the schedule counts steps. Let "
                     "trainkit see the steps: tk.patch(optimizer) (each optimizer.step() is one), "
