@@ -54,9 +54,14 @@ def settings(dl: Any, *, role: str) -> Dict[str, Any]:
         return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
 
     workers = num(getattr(dl, "num_workers", 0)) or 0
+    dataset = getattr(dl, "dataset", None)
     return {
         "type": type(dl).__name__,
         "role": role,
+        "dataset": type(dataset).__name__,
+        # its samples are tensors indexed in memory (no file read or decode a sample): workers
+        # only move that indexing to another process and hand each batch back
+        "in_memory": _in_memory(dataset),
         "num_workers": workers,
         "persistent_workers": bool(getattr(dl, "persistent_workers", False)),
         "pin_memory": bool(getattr(dl, "pin_memory", False)),
@@ -67,6 +72,19 @@ def settings(dl: Any, *, role: str) -> Dict[str, Any]:
         or num(getattr(getattr(dl, "batch_sampler", None), "batch_size", None)),
         "cuda_available": bool(torch.cuda.is_available()),
     }
+
+
+def _in_memory(dataset: Any) -> bool:
+    """A ``TensorDataset`` (or a ``Subset`` of one, a few deep, as random_split makes)."""
+    from torch.utils.data import Subset, TensorDataset
+
+    for _ in range(4):
+        if isinstance(dataset, TensorDataset):
+            return True
+        if not isinstance(dataset, Subset):
+            return False
+        dataset = dataset.dataset
+    return False
 
 
 def begin_pass(s: Any, patched: Any) -> None:

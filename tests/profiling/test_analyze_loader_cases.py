@@ -23,6 +23,20 @@ def _sleepy_start(_worker_id):  # a worker's start-up made visible (module level
     time.sleep(0.1)
 
 
+class Samples(torch.utils.data.Dataset):
+    """A map-style dataset of its own (not in memory as far as trainkit can tell: it could read
+    files); module level: picklable for workers."""
+
+    def __init__(self, n: int) -> None:
+        self.x, self.y = torch.randn(n, 16), torch.randn(n, 1)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.x[i], self.y[i]
+
+
 def _loop(logdir, make_loader, *, epochs):
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 1)
@@ -78,7 +92,7 @@ def test_an_in_memory_tensor_dataset_is_not_told_to_use_workers(logdir):
 
 
 def test_a_new_dataloader_each_epoch_is_one_loader_with_worker_start_up_said_once(logdir):
-    ds = TensorDataset(torch.randn(8, 16), torch.randn(8, 1))
+    ds = Samples(8)
     _loop(logdir, lambda: DataLoader(ds, batch_size=2, num_workers=2,
                                      worker_init_fn=_sleepy_start), epochs=3)
     (f,) = _ta101(logdir)
@@ -92,8 +106,52 @@ def test_a_new_dataloader_each_epoch_is_one_loader_with_worker_start_up_said_onc
 
 
 def test_a_new_persistent_dataloader_each_epoch_is_told_to_be_made_once(logdir):
-    ds = TensorDataset(torch.randn(8, 16), torch.randn(8, 1))
+    ds = Samples(8)
     _loop(logdir, lambda: DataLoader(ds, batch_size=2, num_workers=2, persistent_workers=True,
                                      worker_init_fn=_sleepy_start), epochs=3)
     (f,) = _ta101(logdir)
     assert "create the DataLoader once" in f.fix, f.fix
+
+
+def test_workers_over_an_in_memory_dataset_are_told_to_go(logdir):
+    # A TensorDataset made a new DataLoader with 2 workers each epoch (the probe's loop): the
+    # fix said both "create the DataLoader once, persistent_workers=True" and "make the
+    # per-sample work cheaper (__getitem__, transforms)", where the data is in memory and the
+    # workers only hand its batches over: no workers, one indexing a batch.
+    ds = TensorDataset(torch.randn(8, 16), torch.randn(8, 1))
+    _loop(logdir, lambda: DataLoader(ds, batch_size=2, num_workers=2,
+                                     worker_init_fn=_sleepy_start), epochs=3)
+    (f,) = _ta101(logdir)
+    assert f.fix.startswith("num_workers=0 and load each batch with one indexing"), f.fix
+    assert "in memory (TensorDataset)" in f.fix and "its 2 workers" in f.fix
+    assert "per-sample work cheaper" not in f.fix and "persistent_workers" not in f.fix
+    assert "a new DataLoader for each of its 3 passes" in f.evidence  # the evidence stays
+
+
+def test_the_settings_say_whether_the_dataset_is_in_memory(logdir):
+    from torch.utils.data import Subset, random_split
+
+    from trainkit._loaderinfo import settings
+
+    ds = TensorDataset(torch.randn(8, 16), torch.randn(8, 1))
+    part, _ = random_split(ds, [6, 2])
+    for data, kind, in_memory in [(ds, "TensorDataset", True), (part, "Subset", True),
+                                  (Subset(part, [0, 1]), "Subset", True),
+                                  (Samples(8), "Samples", False)]:
+        got = settings(DataLoader(data, batch_size=2), role="train")
+        assert (got["dataset"], got["in_memory"]) == (kind, in_memory)
+
+
+def test_slow_batches_of_an_in_memory_dataset_without_workers_get_one_indexing(logdir):
+    w = EventFileWriter(logdir)
+    w.write_text(META_LOADER + "0", json.dumps(dict(NO_WORKERS, dataset="TensorDataset",
+                                                    in_memory=True)), step=1)
+    for step in range(1, 60):
+        values = {PREFIX + "step_time_ms": 12.0, PREFIX + "data_wait_ms": 8.0}
+        if step == 1:
+            values[PASSES.format(0)] = 1.0
+        w.write_scalars(step=step, values=values)
+    w.close()
+    (f,) = _ta101(logdir)
+    assert f.fix.startswith("load each batch with one indexing"), f.fix
+    assert "num_workers=" not in f.fix and "8.00 ms" in f.fix

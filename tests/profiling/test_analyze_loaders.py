@@ -62,7 +62,8 @@ def test_no_workers_gets_num_workers_from_the_cpu_count(logdir):
     assert meta == {0: {"type": "DataLoader", "role": "train", "num_workers": 0,
                         "persistent_workers": False, "pin_memory": False,
                         "prefetch_factor": None, "batch_size": 2,
-                        "cuda_available": torch.cuda.is_available()}}
+                        "cuda_available": torch.cuda.is_available(),
+                        "dataset": "SleepyDataset", "in_memory": False}}
     f = _ta101(logdir)
     n = max(1, min(8, (os.cpu_count() or 1) - 1))
     assert f"DataLoader(..., num_workers={n}, persistent_workers=True)" in f.fix, f.fix
@@ -73,7 +74,7 @@ def test_no_workers_gets_num_workers_from_the_cpu_count(logdir):
 
 
 def test_workers_started_each_epoch_get_persistent_workers_with_the_cost(logdir):
-    ds = TensorDataset(torch.randn(8, 16), torch.randn(8, 1))
+    ds = SleepyDataset(8, 0.0)  # no TensorDataset: workers over one are told to go
     loader = DataLoader(ds, batch_size=2, num_workers=2, worker_init_fn=_sleepy_start)
     _train(logdir, loader, epochs=3, patch_each_epoch=True)
     meta, run = _meta(logdir)
@@ -91,7 +92,7 @@ def test_workers_started_each_epoch_get_persistent_workers_with_the_cost(logdir)
 
 
 def test_persistent_workers_are_not_told_to_persist(logdir):
-    ds = TensorDataset(torch.randn(8, 16), torch.randn(8, 1))
+    ds = SleepyDataset(8, 0.0)
     loader = DataLoader(ds, batch_size=2, num_workers=2, worker_init_fn=_sleepy_start,
                         persistent_workers=True)
     _train(logdir, loader, epochs=3)

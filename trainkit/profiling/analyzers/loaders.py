@@ -194,10 +194,28 @@ def _one(st: Any, loader: Loader, every: List[Loader], *, named: bool,
         wait_r, mean_r = _median(rounds) / workers, statistics.fmean(rounds) / workers
         if (steady_share >= 0.10 and wait_r >= HANDOVER_MS) or not fixes:
             fixes.append(_steady(run, s, workers, wait_r, mean_r, compute))
+    if s.get("in_memory") and (workers or wait >= HANDOVER_MS):
+        fixes = [_in_memory(s, workers, wait)]  # the fix the others stand in for, here
     pin = _pin(run, s)
     if pin:
         fixes.append(pin)
     return who + "; ".join(evidence), who + "; ".join(fixes)
+
+
+def _in_memory(s: Dict[str, Any], workers: int, wait: float) -> str:
+    """The fix for a dataset held in memory (a TensorDataset): its batches cost the per-sample
+    ``__getitem__`` calls and the collate, which workers only move to other processes (started
+    at each pass, each batch handed back), and which one indexing per batch takes away."""
+    batch = s.get("batch_size") or "B"
+    drop = "num_workers=0 and " if workers else ""
+    return (f"{drop}load each batch with one indexing: the dataset is in memory "
+            f"({s.get('dataset') or 'a TensorDataset'}), so a batch costs its {batch} "
+            f"__getitem__ calls and the collate (median wait {wait:.2f} ms a step)"
+            + (f", which its {workers} workers only move to other processes and hand back"
+               if workers else ", which workers would only move to other processes")
+            + f": DataLoader(ds, sampler=BatchSampler(RandomSampler(ds), batch_size={batch}, "
+            f"drop_last=False), batch_size=None) (ds[indices] returns the batch), or slice the "
+            f"tensors by torch.randperm yourself")
 
 
 def _cheap_batches(s: Dict[str, Any], wait: float) -> str:
