@@ -63,6 +63,28 @@ def test_an_object_with_its_own_to_is_moved_through_it_and_its_bytes_counted(tmp
     assert nbytes == [10 * 4 * 4 + 2 * 30 * 8 + 10 * 4]
 
 
+class InPlaceGraph(Graph):
+    """PyG's real Data: its .to() moves the tensors in place (``self.apply``) and returns self."""
+
+    def to(self, device, non_blocking=False):
+        self.calls.append(non_blocking)
+        for k, v in list(self._store.items()):
+            self._store[k] = v.to(device, non_blocking=non_blocking)
+        return self
+
+
+def test_an_object_moved_in_place_by_its_own_to_has_its_bytes_counted(tmp_path):
+    # The tensors before were read after the call, from the object it had moved: nothing was
+    # left on the host to count, and h2d_ms / h2d_GBps had no point for such a batch
+    g = InPlaceGraph(DictStore(x=torch.ones(10, 4), edge_index=torch.zeros(2, 30,
+                                                                       dtype=torch.int64)))
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        out = tk.to_device((g, torch.ones(10)), "meta")
+        nbytes = _bytes(s)
+    assert out[0] is g and g._store["x"].device.type == "meta"
+    assert nbytes == [10 * 4 * 4 + 2 * 30 * 8 + 10 * 4]
+
+
 def test_non_blocking_is_passed_when_given_and_left_out_where_to_takes_none(tmp_path):
     g = _graph()
     out = tk.to_device(g, "meta", non_blocking=True)

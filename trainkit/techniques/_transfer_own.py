@@ -36,7 +36,10 @@ def tensor_nbytes(t: Any) -> int:
 def move_itself(obj: Any, device: Any, non_blocking: Optional[bool], acc: Optional[list]) -> Any:
     """``obj.to(device)``, with ``non_blocking`` when one was given (and its ``.to`` takes it);
     ``acc`` (None in traced code) adds up the host bytes it moved, found by comparing its tensors
-    before and after, place by place, so that ``h2d_*`` count them as a tensor's copy would be."""
+    before and after, place by place, so that ``h2d_*`` count them as a tensor's copy would be.
+    Before is taken before the call: a ``.to()`` that moves the object in place and returns it
+    (PyG's ``Data``) left nothing to compare, and no copy was counted."""
+    before = _leaves(obj) if acc is not None and device.type != "cpu" else None
     try:
         if non_blocking is None:  # where its tensors are pinned is its .to()'s to know
             out = obj.to(device)
@@ -56,8 +59,8 @@ def move_itself(obj: Any, device: Any, non_blocking: Optional[bool], acc: Option
                          f".to() is no device move, keep the object out of what to_device is "
                          f"given, e.g. x, y = tk.to_device((x, y), device)")
         raise
-    if acc is not None and device.type != "cpu":
-        before, after = _leaves(obj), _leaves(out)
+    if before is not None:
+        after = _leaves(out)
         seen = set()
         for place, t in before.items():
             moved = after.get(place)
