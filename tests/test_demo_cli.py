@@ -290,3 +290,44 @@ def test_a_deadline_passed_in_validation_runs_no_further_epoch(tmp_path, monkeyp
     monkeypatch.setattr(demo, "_evaluate", evaluate)
     result = demo.run(dataclasses.replace(tiny(tmp_path / "x"), epochs=3, max_seconds=10))
     assert result.steps == 2 and len(calls) == 1
+
+
+def test_a_malformed_techniques_override_is_a_usage_error_before_anything_is_made(
+        tmp_path, monkeypatch, capsys):
+    """TRAINKIT_TECHNIQUES='{"amp": "no"}': a traceback and exit 1, after the run folder was
+    made and the model built; now said as a bad option is, exit 2, nothing made."""
+    from trainkit import switches
+
+    monkeypatch.setenv("TRAINKIT_TECHNIQUES", '{"amp": "no"}')
+    monkeypatch.setattr(switches, "_env_raw", None)  # parsed again (it is cached by value)
+    monkeypatch.setattr(switches, "_from_env", None)
+    logdir = tmp_path / "run"
+    assert cli.main(["demo", "--no-progress", "--logdir", str(logdir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trainkit demo: TRAINKIT_TECHNIQUES=") and "'amp' is 'no'" in err
+    assert "Traceback" not in err and not logdir.exists()
+
+
+def test_a_ctrl_c_before_training_began_ends_by_sigint_without_a_traceback(tmp_path):
+    """Ctrl-C in the demo's first seconds (torch still importing, in check_memory) printed a
+    KeyboardInterrupt traceback; the run's own handler only covers the training."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    code = ("from trainkit import cli, demo\n"
+            "def interrupted(config):\n"
+            "    raise KeyboardInterrupt\n"
+            "demo.check_memory = interrupted\n"
+            "raise SystemExit(cli.main(['demo', '--no-progress', '--logdir', %r]))\n"
+            % str(tmp_path / "run"))
+    env = dict(os.environ)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(name, None)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == -signal.SIGINT, (proc.returncode, proc.stderr)
+    assert proc.stderr.strip() == ("trainkit demo: interrupted before training began; nothing "
+                                   "was recorded"), proc.stderr
+    assert not (tmp_path / "run").exists()

@@ -93,3 +93,18 @@ def _met_every_rank() -> "bool | None":
         time.sleep(0.02)
         here = store.add(key, 0)
     return here >= world
+
+
+def die_by_sigint() -> None:
+    """End the process by SIGINT (exit status 128 + 2 in a shell), as Python does for an uncaught
+    KeyboardInterrupt: a shell loop running the demo stops on it, where a plain exit 130 reads
+    as a command that handled the Ctrl-C itself. Only from the main thread of a POSIX process."""
+    import signal
+    import threading
+
+    if os.name != "posix" or threading.current_thread() is not threading.main_thread():
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)

@@ -39,9 +39,25 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _demo_run(args: argparse.Namespace) -> int:
-    from . import demo
+    """``trainkit demo``: its options checked, then the run (which says a Ctrl-C itself). A
+    Ctrl-C before it (torch still importing) ends the process by SIGINT too, without a
+    traceback: nothing was recorded yet."""
+    try:
+        return _demo_checked(args)
+    except KeyboardInterrupt:
+        if not _usage.quiet_rank():
+            print("trainkit demo: interrupted before training began; nothing was recorded",
+                  file=sys.stderr)
+        _usage.die_by_sigint()
+        return 130  # where a process cannot end by its own SIGINT
+
+
+def _demo_checked(args: argparse.Namespace) -> int:
+    from . import demo, switches
 
     try:
+        # a malformed TRAINKIT_TECHNIQUES: said as a bad option is, before anything is made
+        switches.check_overrides()
         config = demo.DemoConfig(logdir=args.logdir, epochs=args.epochs, train_size=args.train_size,
                                  batch_size=args.batch_size, max_seconds=args.max_seconds,
                                  progress=not args.no_progress)

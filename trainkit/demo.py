@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _env
+from . import _env, _usage
 from ._text import write_out
 
 #: Bytes an image of the batch takes in one training step of the demo CNN on a CPU: activations
@@ -338,21 +338,6 @@ def _to_open(logdir: str) -> str:
     return parent if os.path.normpath(parent) == "runs" else logdir
 
 
-def _die_by_sigint() -> None:
-    """End the process by SIGINT (exit status 128 + 2 in a shell), as Python does for an uncaught
-    KeyboardInterrupt: a shell loop running the demo stops on it, where a plain exit 130 reads
-    as a command that handled the Ctrl-C itself. Only from the main thread of a POSIX process."""
-    import signal
-    import threading
-
-    if os.name != "posix" or threading.current_thread() is not threading.main_thread():
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGINT)
-
-
 def summary_lines(result: DemoResult) -> Dict[str, str]:
     if not result.ranks:  # paths quoted: they may hold spaces
         return {
@@ -391,7 +376,7 @@ def main(config: DemoConfig) -> int:
             print(f"trainkit demo: interrupted; the steps recorded so far are in {config.logdir} "
                   f"(open it: tensorboard --logdir {shlex.quote(_to_open(config.logdir))})",
                   file=sys.stderr)
-        _die_by_sigint()
+        _usage.die_by_sigint()
         return 130  # where a process cannot end by its own SIGINT
     if result.rank not in (None, 0):
         return 1 if any(r.steps == 0 for r in result.ranks) else 0
