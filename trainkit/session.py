@@ -290,6 +290,9 @@ class Session(StepCounter):
 
     def on_close(self, undo: Callable[[], None]) -> None:
         """Run ``undo`` when the session closes (restores backend flags a technique changed)."""
+        if self._closed:  # it would never run: what it undoes would stay
+            raise ValueError("s.on_close(...): the session is closed, its close has run; make "
+                             "the change (and its undo) while the session is open")
         self._on_close.append(undo)
 
 

@@ -96,6 +96,26 @@ def test_backend_flags_untouched_without_override(tmp_path):
     assert torch.backends.cudnn.benchmark is False
 
 
+@pytest.mark.parametrize("given", ["none", "closed"])
+def test_backend_flags_are_not_set_for_no_session_or_a_closed_one(tmp_path, given):
+    # The flags are process-wide: apply(None, ...) set them, then failed (AttributeError), and
+    # apply(closed_session, ...) set them for good (its close had run): both left them on.
+    from trainkit.techniques import backends
+
+    before = torch.backends.cudnn.benchmark
+    session = None
+    if given == "closed":
+        with tk.session(logdir=tmp_path, system_metrics=False) as session:
+            pass
+    error = TypeError if given == "none" else ValueError
+    with pytest.raises(error, match="tk.session" if given == "none" else "closed"):
+        backends.apply(session, cudnn_benchmark=not before)
+    assert torch.backends.cudnn.benchmark is before
+    if given == "closed":
+        with pytest.raises(ValueError, match="the session is closed"):
+            session.on_close(lambda: None)
+
+
 def test_channels_last_helper_and_switch():
     x = torch.randn(2, 3, 4, 5)
     assert tk.channels_last(x).is_contiguous(memory_format=torch.channels_last)

@@ -41,6 +41,15 @@ def apply(session: Any, *, tf32: Optional[bool] = None,
         with tk.session("runs/exp1") as s:
             tk.techniques.backends.apply(s, tf32=True, cudnn_benchmark=True)
     """
+    # The session first: the flags are process-wide, and one set for no session (None), or for a
+    # closed one (whose close has run), stayed on for the rest of the process.
+    if not callable(getattr(session, "on_close", None)):
+        raise TypeError(f"apply({brief(session)}, ...): expected the tk.session the flags last "
+                        f"for, e.g. with tk.session(logdir='runs/exp1') as s: "
+                        f"tk.techniques.backends.apply(s, tf32=True)")
+    if getattr(session, "closed", False):
+        raise ValueError("apply(<a closed session>, ...): its close has run, so flags set now "
+                         "would never be restored; call it inside the with tk.session(...) block")
     asked: Dict[str, Any] = {}
     for name, value in (("tf32", tf32), ("cudnn_benchmark", cudnn_benchmark)):
         if value is not None and not isinstance(value, bool):
