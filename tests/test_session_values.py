@@ -199,3 +199,29 @@ def test_values_past_float32_are_written_as_inf_and_complex_is_refused(tmp_path)
     assert [st for st, _ in got["loss"]] == [1, 2, 3, 4, 5]  # nothing after the big value is lost
     assert got["ppl"] == [(2, math.inf)] and got["neg"] == [(2, -math.inf)]
     assert "z" not in got
+
+
+def test_system_samples_go_under_a_step_that_exists_once_each(tmp_path):
+    # A sample before the first step ended went under step 0, which no chart of steps has, and
+    # samples during a slow step (a compile, a big batch) several under one step: now under the
+    # last completed step (the first, before it ends), once a step.
+    import time
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with tk.session(logdir=tmp_path) as s:
+        s._recorder._sample_secs = 0.0  # every flush may sample
+        tk.patch(opt)
+        for _ in range(3):
+            for _ in range(3):  # a slow step: flushes (and samples) during it
+                s.flush()
+                time.sleep(0.01)
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    got = scalars(tmp_path)
+    for tag in ("trainkit/system/cpu_percent", "trainkit/system/rss_MB"):
+        steps = [st for st, _ in got[tag]]
+        assert steps == [1, 2, 3], (tag, steps)  # the close's sample: under step 3, once
+    # (on a CPU the peak is decided after the first step: the sample before leaves it out)
+    assert [st for st, _ in got["trainkit/memory/peak_MB"]] == [2, 3]

@@ -48,6 +48,7 @@ class Recorder:
         self._sample = sample
         self._sample_secs = sample_secs
         self._next_sample = 0.0
+        self._sampled_step = 0  # the step the last system sample went under
         self._completed_at_last_wake = -1
         self._done0 = completed()  # steps done before this session
         #: of the session's first step, while none is counted: tag -> values written ahead
@@ -207,8 +208,14 @@ class Recorder:
             tag, step, text = self.meta.popleft()
             self.writer.write_text(tag, text, step=step)
         if self._sample is not None and (final or timing.now() >= self._next_sample):
-            self._next_sample = timing.now() + self._sample_secs
-            self.writer.write_scalars(step=self.completed(), values=self._sample(final))
+            # Under the last completed step (the first, before it ends), once a step: samples
+            # went under step 0, which no chart has, and several under one slow step. A sample
+            # not taken leaves the load to the next one, which measures since the last taken.
+            step = max(1, self.completed())
+            if step != self._sampled_step:
+                self._next_sample = timing.now() + self._sample_secs
+                self._sampled_step = step
+                self.writer.write_scalars(step=step, values=self._sample(final))
         self.writer.flush()
 
     def _write_steps(self, completed: int, final: bool) -> None:
