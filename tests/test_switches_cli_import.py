@@ -67,6 +67,31 @@ def test_a_builtin_techniques_override_of_the_wrong_type_is_refused(monkeypatch,
         assert tk.technique("my_hook", 1) == "any value"  # a user's own switch: any value
 
 
+@pytest.mark.parametrize("raw, text", [
+    ('{"bogus name": 1}', "'bogus name' is no technique name"),
+    ('{"AMP": false}', "'AMP' is no technique; the built-in one is 'amp'"),
+    ('{"Fused": true}', "the built-in one is 'fused'")])
+def test_an_override_of_no_technique_name_is_refused_at_session_start(monkeypatch, tmp_path,
+                                                                      raw, text):
+    # Names were never checked: a misspelt built-in ({"AMP": false}) or a name tk.technique
+    # itself refuses switched nothing, unsaid
+    monkeypatch.setenv("TRAINKIT_TECHNIQUES", raw)
+    with pytest.raises(ValueError, match=re.escape(text)):
+        tk.session(logdir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_override_nothing_asked_for_is_said_at_the_close(monkeypatch, tmp_path):
+    # {"fuse": true} (for "fused"): no built-in, and no tk.technique("fuse", ...) in the run
+    monkeypatch.setenv("TRAINKIT_TECHNIQUES", '{"fuse": true, "my_hook": 2, "amp": false}')
+    with pytest.warns(RuntimeWarning, match=r"sets 'fuse', which nothing asked for in this "
+                                            r"session .*did you mean 'fused'") as said:
+        with tk.session(logdir=tmp_path / "run", system_metrics=False):
+            assert tk.technique("my_hook", 0) == 2  # read: not said
+    assert [w.filename for w in said if "nothing asked" in str(w.message)] == [__file__]
+    assert all("my_hook" not in str(w.message) for w in said)
+
+
 @pytest.mark.parametrize("bad", [3, "", "has space", None])
 def test_technique_bad_name(bad):
     with pytest.raises(TypeError, match=r"technique\(") as info:

@@ -233,6 +233,9 @@ class Session(StepCounter):
         if self._recorder.once is not None:  # the writer never woke after a step
             self._recorder.once = None
             warn_ranks_mixed(self.root, stacklevel=user_stacklevel())
+        from .switches import warn_unread
+
+        warn_unread(self)  # TRAINKIT_TECHNIQUES names nothing asked for: a misspelling?
 
     def _record_optimizers(self) -> None:
         """The optimizers patched at the end, and whether each stepped here (for TA110)."""

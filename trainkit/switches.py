@@ -35,6 +35,13 @@ def _check_values(values: Mapping[str, Any], where: str) -> None:
     """Refuse a built-in technique's override of the wrong type: a JSON ``"false"`` is a
     non-empty string, which would switch the technique on."""
     for name, value in values.items():
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(f"{where}: {name!r} is no technique name (a str identifier, as "
+                             f"tk.technique takes); the built-in ones are {', '.join(BUILTIN)}")
+        lower = name.lower()
+        if name not in BUILTIN and lower in BUILTIN:
+            raise ValueError(f"{where}: {name!r} is no technique; the built-in one is "
+                             f"{lower!r} (names are case-sensitive)")
         if name == "num_workers":
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{where}: 'num_workers' is {value!r}; it must be an int >= 0, "
@@ -66,6 +73,30 @@ def _env_overrides() -> Dict[str, Any]:
 def check_overrides() -> None:
     """Raise ``ValueError`` now if ``TRAINKIT_TECHNIQUES`` is set but malformed."""
     _env_overrides()
+
+
+def warn_unread(s: Any) -> None:
+    """At session ``s``'s close: say the ``TRAINKIT_TECHNIQUES`` names of no built-in technique
+    that nothing asked for in the session (no ``tk.technique(name, ...)`` call), a misspelling
+    (``{"fuse": true}``) or a technique the script never reads: they were ignored unsaid."""
+    import difflib
+    import warnings
+
+    from ._text import user_stacklevel
+
+    try:
+        env = _env_overrides()
+    except ValueError:  # refused at the session's start already
+        return
+    unread = [n for n in env if n not in BUILTIN and n not in s.techniques]
+    if not unread:
+        return
+    near = difflib.get_close_matches(unread[0].lower(), BUILTIN, n=1, cutoff=0.6)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    warnings.warn(f"trainkit: {_env.TECHNIQUES} sets {', '.join(map(repr, unread))}, which "
+                  f"nothing asked for in this session (no tk.technique({unread[0]!r}, ...) "
+                  f"call){hint}, so it changed nothing; the built-in techniques are "
+                  f"{', '.join(BUILTIN)}", RuntimeWarning, stacklevel=user_stacklevel())
 
 
 def technique(name: str, default: Any) -> Any:
