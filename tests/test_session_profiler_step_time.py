@@ -47,3 +47,37 @@ def test_the_profilers_own_work_is_not_in_the_next_steps_time(tmp_path, use_c, m
     times = [v for _, v in scalars(tmp_path)["trainkit/step_time_ms"]]
     assert len(times) == 6  # steps 2-7 (the first has no start)
     assert max(times) < SLOW * 1e3 / 2, times  # the steps after kept no second of it
+
+
+def test_an_evaluations_data_wait_stays_in_its_steps_time(tmp_path):
+    # Batches are steps (no optimizer): a step ends where the next batch's wait began, once that
+    # batch came; the profiler's step taken then moved the next step's start to after the wait,
+    # which every step_time_ms lost (20.4 ms where 25.5 ms ran, in a probe)
+    model = torch.nn.Linear(4, 2)
+    slowed = []
+
+    def batches():
+        for _ in range(6):
+            time.sleep(0.2)  # the data wait: in each step's time
+            yield torch.ones(3, 4)
+
+    with tk.session(logdir=tmp_path, system_metrics=False,
+                    profile=tk.ProfileSchedule(wait=2, warmup=1, active=1)) as s:
+        tracer = s._profiler
+        step = tracer.step
+
+        def slow_step():
+            step()
+            if tracer.steps == 4:  # the cycle's end
+                time.sleep(SLOW)
+                slowed.append(tracer.steps)
+
+        tracer.step = slow_step
+        with torch.no_grad():
+            for x in tk.patch(batches()):
+                model(x)
+    assert slowed == [4]
+    times = [v for _, v in scalars(tmp_path)["trainkit/step_time_ms"]]
+    assert len(times) >= 5, times
+    assert min(times) >= 190, times  # each holds its 200 ms wait
+    assert max(times) < SLOW * 1e3 / 2, times  # and none the profiler's second

@@ -92,10 +92,14 @@ class StepCounter:
         otherwise is not worth it)."""
         t0 = timing.now()
         self._profiler.step()
+        spent = timing.now() - t0
         end = self._last_step_end
         if end.__class__ is float:
-            self._last_step_end = timing.now()
-        elif end is not None and timing.now() - t0 > 1e-3:
+            # moved by what the profiler took, not to now: a step ended by the next batch's wait
+            # (batches are steps) is ended once that batch came, and the wait is the next step's
+            self._last_step_end = end + spent
+        elif end is not None and spent > 1e-3 and not self._batches_are_steps:
+            # (where batches are steps the event is the wait's start, which a new one would drop)
             try:  # the step's own end stays its interval's (which never gives it back)
                 self._last_step_end = timing.cuda_event(timing.event_device(end))
             except RuntimeError:  # a CUDA error that sticks: the next step ends as it can
