@@ -169,3 +169,52 @@ def test_one_backward_two_accumulated_optimizers_is_torchs_recipe() -> None:
     assert scaler.get_scale() == ref_scaler.get_scale() == 1024.0
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def test_a_shared_scaler_across_epochs_of_accumulate_blocks_keeps_stepping() -> None:
+    # A GAN's loop, its blocks made anew each epoch, a partial last window each: at the exit the
+    # second block's step found its update made by the first's (one a backward), so GradScaler
+    # kept that optimizer "stepped", and its next unscale_ (the next epoch) raised
+    # "unscale_() is being called after step()".
+    def run(shared: bool):
+        torch.manual_seed(0)
+        d, g = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
+        od, og = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (d, g))
+        make = lambda: torch.amp.GradScaler("cpu", init_scale=1024.0)  # noqa: E731
+        sd = make()
+        sg = sd if shared else make()
+        xs = [torch.randn(3, 4, generator=torch.Generator().manual_seed(i)) for i in range(6)]
+        for epoch in range(2):
+            with tk.accumulate(2, od), tk.accumulate(2, og):
+                for x in xs[3 * epoch:3 * epoch + 3]:
+                    for m, o, scaler in ((d, od, sd), (g, og, sg)):
+                        with tk.autocast_scaled(scaler, dtype="fp16") as amp:
+                            loss = m(x).float().pow(2).mean()
+                        amp.backward(loss)
+                        amp.step(o)
+                        o.zero_grad()
+        tk.unpatch(od)
+        tk.unpatch(og)
+        return [p.detach().clone() for p in (*d.parameters(), *g.parameters())]
+
+    for a, b in zip(run(shared=True), run(shared=False)):
+        assert torch.equal(a, b)
+
+
+def test_an_inf_in_the_second_optimizer_of_one_backward_backs_the_scale_off() -> None:
+    # amp.step(o1) made the backward's update; o2's gradients held an inf, and its step was
+    # skipped with no update: the scale stayed where torch's one update after both steps backs
+    # it off
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (a, b)]
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    x = torch.ones(3, 4)
+    with tk.autocast_scaled(scaler, dtype="fp16") as amp:
+        # b's output gradient, 2**10 * 1e3 / 3 a row, overflows fp16 in its backward
+        loss = a(x).float().pow(2).mean() + b(x).float().mean() * 1e3
+    amp.backward(loss)
+    assert amp.step(opts[0]) is True
+    assert amp.step(opts[1]) is False  # skipped: inf
+    assert scaler.get_scale() == 2.0 ** 9  # as torch's recipe: step(o1); step(o2); update()
+    assert amp.skipped == 1

@@ -172,12 +172,23 @@ class Amp:
         finally:
             if acc is not None:
                 acc._amp_stepping = False
-        if current is None:  # else this backward's update was made: the scale is `current`
+        if current is None or not stepped:
+            # This backward's update, or (its update made by another optimizer's step) this
+            # step's inf/nan, which backs the scale off as torch's one update after all steps
+            # does; the scale swapped in for the unscale is put back first (update is in place).
+            self.scaler._scale = self.scaler._scale if current is None else current
             count = _updates.get(self.scaler, (0, None))[0]
             before = self.scaler._scale.clone()  # no sync: a copy on the scale's device
             self.scaler.update()
             _updates[self.scaler] = (count + 1, before)
             scales.updated(self.scaler, count, before, _open_blocks, gate)
+        else:
+            # No second update, and GradScaler keeps this optimizer "stepped" until one: its next
+            # unscale_ (the block's exit, its next window) raised "unscale_() is being called
+            # after step()" where no other update came between. Ready again, as update leaves it.
+            states = getattr(self.scaler, "_per_optimizer_states", None)
+            if isinstance(states, dict):
+                states.pop(id(optimizer), None)
         if not stepped:
             _skipped[self.scaler] = self.skipped + 1
             # The LR scheduler's "lr_scheduler.step() before optimizer.step()" warning is about a
