@@ -116,6 +116,15 @@ static PyObject *ms_between(PyObject *a, PyObject *b) {
     return r;
 }
 
+/* `bool(getattr(obj, name))`: 1 true, 0 false, -1 error */
+static int attr_true(PyObject *obj, PyObject *name) {
+    PyObject *x = PyObject_GetAttr(obj, name);
+    if (!x) return -1;
+    int c = PyObject_IsTrue(x);
+    Py_DECREF(x);
+    return c;
+}
+
 /* _steps.add_value: one more value of a tag within a step (the first one is stored as it is) */
 static int add_more(PyObject *tags, PyObject *tag, PyObject *value) {
     PyObject *values = PyDict_GetItemWithError(tags, tag);
@@ -195,12 +204,12 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     s_append = PyUnicode_InternFromString("append");
     s_exit = PyUnicode_InternFromString("__exit__");
     s_enter = PyUnicode_InternFromString("__enter__");
-    re_prof_on = PyUnicode_InternFromString("_is_profiler_enabled");
+    s_prof_on = PyUnicode_InternFromString("_is_profiler_enabled");
     re_cuda_on = PyUnicode_InternFromString("_initialized");
     one = PyLong_FromLong(1);
     if (!thousand || !s_write_scalars || !s_file || !s_write || !s_write_record || !s_step ||
         !s_values || !s_wall_time || !s_now || !s_active || !s_last_end ||
-        !s_last_host || !s_buf || !s_append || !s_exit || !s_enter || !re_prof_on ||
+        !s_last_host || !s_buf || !s_append || !s_exit || !s_enter || !s_prof_on ||
         !re_cuda_on || !one)
         return NULL;
     if (PyType_Ready(&RegionEnterType) < 0 || PyType_Ready(&RegionExitType) < 0 ||

@@ -14,8 +14,8 @@ typedef struct {
     PyObject *full;   /* the name's _Region, which enters while either is true */
 } RegionEnter;
 
-/* "_is_profiler_enabled", "_initialized", "__enter__" */
-static PyObject *re_prof_on, *re_cuda_on, *s_enter;
+/* "_is_profiler_enabled" (FastStep's too), "_initialized", "__enter__" */
+static PyObject *s_prof_on, *re_cuda_on, *s_enter;
 
 static void enter_dealloc(RegionEnter *self) {
     Py_XDECREF(self->starts);
@@ -47,15 +47,6 @@ static PyObject *enter_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return (PyObject *)self;
 }
 
-/* `getattr(obj, name)` true: 1, false: 0, error: -1 */
-static int enter_flag(PyObject *obj, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (!v) return -1;
-    int on = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return on;
-}
-
 static PyObject *enter_call(RegionEnter *self, PyObject *args, PyObject *kw) {
     if ((kw && PyDict_GET_SIZE(kw)) || PyTuple_GET_SIZE(args) > 1) {
         PyErr_SetString(PyExc_TypeError, "profile_region.__enter__() takes no arguments");
@@ -63,8 +54,8 @@ static PyObject *enter_call(RegionEnter *self, PyObject *args, PyObject *kw) {
     }
     /* A region kept from before a profiler started (or CUDA did), `fwd = profile_region("x")`
        then `with fwd:` each step: its full region enters, with the trace's range (and events) */
-    int on = enter_flag(self->tap, re_prof_on);
-    if (on == 0) on = enter_flag(self->tc, re_cuda_on);
+    int on = attr_true(self->tap, s_prof_on);
+    if (on == 0) on = attr_true(self->tc, re_cuda_on);
     if (on < 0) return NULL;
     if (on) return PyObject_CallMethodNoArgs(self->full, s_enter);
     PyObject *t = PyObject_CallNoArgs(self->now);

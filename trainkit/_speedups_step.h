@@ -35,10 +35,11 @@ typedef struct {
     int bound;            /* own takes the optimizer (own(ref())) */
 } FastStep;
 
-/* The names only the step reads; "step", "_active", "_buf", "append", "_last_step_end" and 1 are
-   _speedups.c's and _speedups_regions.h's (s_step, s_active, s_buf, s_append, s_last_end, one). */
-static PyObject *fs_gate, *fs_cuda, *fs_live, *fs_primary, *fs_enabled, *fs_core, *fs_log_every,
-    *fs_wake, *fs_profiler, *fs_profiler_step, *fs_zero;
+/* The names only the step reads; "step", "_active", "_buf", "append", "_last_step_end",
+   "_is_profiler_enabled" and 1 are _speedups.c's and _speedups_regions.h's (s_step, s_active,
+   s_buf, s_append, s_last_end, s_prof_on, one), as is attr_true. */
+static PyObject *fs_gate, *fs_cuda, *fs_live, *fs_primary, *fs_core, *fs_log_every, *fs_wake,
+    *fs_profiler, *fs_profiler_step, *fs_zero;
 
 static int fs_traverse(FastStep *self, visitproc visit, void *arg) {
     Py_VISIT(self->p);
@@ -152,14 +153,6 @@ static int fs_attr_is(PyObject *obj, PyObject *name, PyObject *what) {
     return c;
 }
 
-static int fs_attr_true(PyObject *obj, PyObject *name) {
-    PyObject *x = PyObject_GetAttr(obj, name);
-    if (!x) return -1;
-    int c = PyObject_IsTrue(x);
-    Py_DECREF(x);
-    return c;
-}
-
 /* `n % every == 0`, as Python computes it: 1, 0, -1 error */
 static int fs_due(PyObject *n, PyObject *every) {
     if (PyLong_CheckExact(n) && PyLong_CheckExact(every)) {
@@ -187,7 +180,7 @@ static int fs_fast(FastStep *self, PyObject **out) {
     /* `p.gate is None and p._cuda is False and p.live` */
     if ((c = fs_attr_is(p, fs_gate, Py_None)) <= 0) return c;
     if ((c = fs_attr_is(p, fs_cuda, Py_False)) <= 0) return c;
-    if ((c = fs_attr_true(p, fs_live)) <= 0) return c;
+    if ((c = attr_true(p, fs_live)) <= 0) return c;
     /* `s = _S._active` */
     PyObject *s = PyDict_GetItemWithError(self->smod, s_active);
     if (!s) {
@@ -203,7 +196,7 @@ static int fs_fast(FastStep *self, PyObject **out) {
     int rc = -1;
     /* `s._primary is p and not tap._is_profiler_enabled` */
     if ((c = fs_attr_is(s, fs_primary, p)) <= 0 ||
-        (c = fs_attr_true(self->tap, fs_enabled)) != 0) {
+        (c = attr_true(self->tap, s_prof_on)) != 0) {
         rc = c < 0 ? -1 : 0;
         goto done;
     }
@@ -386,10 +379,10 @@ static PyTypeObject FastStepType = {
 
 /* The interned names, then the type: PyInit__speedups calls it as PyType_Ready */
 static int fast_step_ready(void) {
-    static const char *names[] = {"gate", "_cuda", "live", "_primary", "_is_profiler_enabled",
-                                  "_core", "_log_every", "_wake", "_profiler", "profiler_step"};
-    PyObject **slots[] = {&fs_gate, &fs_cuda, &fs_live, &fs_primary, &fs_enabled, &fs_core,
-                          &fs_log_every, &fs_wake, &fs_profiler, &fs_profiler_step};
+    static const char *names[] = {"gate", "_cuda", "live", "_primary", "_core", "_log_every",
+                                  "_wake", "_profiler", "profiler_step"};
+    PyObject **slots[] = {&fs_gate, &fs_cuda, &fs_live, &fs_primary, &fs_core, &fs_log_every,
+                          &fs_wake, &fs_profiler, &fs_profiler_step};
     for (size_t i = 0; i < sizeof(slots) / sizeof(*slots); i++)
         if (!*slots[i] && !(*slots[i] = PyUnicode_InternFromString(names[i]))) return -1;
     if (!fs_zero && !(fs_zero = PyLong_FromLong(0))) return -1;
