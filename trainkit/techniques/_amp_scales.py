@@ -20,6 +20,7 @@ import weakref
 from typing import Any, Dict, List
 
 from ._accumulate_args import warn_once
+from .accumulate import _grads
 
 #: GradScaler -> {update count: a copy of its scale at that count}, the last few
 _scales: "weakref.WeakKeyDictionary[Any, Dict[int, Any]]" = weakref.WeakKeyDictionary()
@@ -61,11 +62,9 @@ def _rescale(block: Any, scaler: Any, at: int, now: int) -> bool:
         return False
     import torch
 
-    grads = [p.grad for g in block.optimizer.param_groups for p in g["params"]
-             if p.grad is not None]
     ratio = scaler._scale / old  # on the scale's device: no sync
     by_device: Dict[Any, List[Any]] = {}
-    for g in grads:
+    for g in _grads(block.optimizer):
         by_device.setdefault(g.device, []).append(g)
     for device, same in by_device.items():
         torch._foreach_mul_(same, ratio.to(device))
