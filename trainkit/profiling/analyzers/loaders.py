@@ -150,6 +150,9 @@ def _one(st: Any, loader: Loader, every: List[Loader], *, named: bool,
     fixes: List[str] = []
     who = f"loader {loader.index}: " if named else ""
 
+    # A dataset in memory (a TensorDataset) with workers, or slow without: one fix stands in for
+    # the others (no workers, one indexing a batch)
+    in_memory = bool(s.get("in_memory")) and bool(workers or wait >= HANDOVER_MS)
     others = {p for l in every if l.index != loader.index for p in l.passes}
     startup = _startup(loader, waits, others, wait)
     if workers and startup is not None and (len(anew) > 1 or not s.get("persistent_workers")):
@@ -164,17 +167,19 @@ def _one(st: Any, loader: Loader, every: List[Loader], *, named: bool,
             + f": its {workers} workers start again at each pass")
         saving = (f"saving ~{per_pass:.0f} ms of worker start-up per epoch "
                   f"(~{per_pass * restarts:.0f} ms over the {restarts} later pass(es) here)")
-        if len(anew) > 1:
+        if not in_memory and len(anew) > 1:
             fixes.append(f"create the DataLoader once, before the epoch loop, with "
                          f"persistent_workers=True: each new DataLoader starts its {workers} "
                          f"workers again (persistent workers last only across the passes of one "
                          f"loader); its workers then start once, {saving}")
-        else:
+        elif not in_memory:
             fixes.append(f"DataLoader(..., persistent_workers=True): the workers then start "
                          f"once, {saving}")
     steady_share = (sum(waits.get(k, 0.0) for k in steady)
                     / max(1e-9, sum(times.get(k, 0.0) for k in steady)))
-    if not workers and wait < HANDOVER_MS:
+    if in_memory:
+        fixes.append(_in_memory(s, workers, wait))
+    elif not workers and wait < HANDOVER_MS:
         fixes.append(_cheap_batches(s, wait))
     elif not workers:
         cores = os.cpu_count() or 1
@@ -194,8 +199,6 @@ def _one(st: Any, loader: Loader, every: List[Loader], *, named: bool,
         wait_r, mean_r = _median(rounds) / workers, statistics.fmean(rounds) / workers
         if (steady_share >= 0.10 and wait_r >= HANDOVER_MS) or not fixes:
             fixes.append(_steady(run, s, workers, wait_r, mean_r, compute))
-    if s.get("in_memory") and (workers or wait >= HANDOVER_MS):
-        fixes = [_in_memory(s, workers, wait)]  # the fix the others stand in for, here
     pin = _pin(run, s)
     if pin:
         fixes.append(pin)
@@ -213,9 +216,7 @@ def _in_memory(s: Dict[str, Any], workers: int, wait: float) -> str:
             f"__getitem__ calls and the collate (median wait {wait:.2f} ms a step)"
             + (f", which its {workers} workers only move to other processes and hand back"
                if workers else ", which workers would only move to other processes")
-            + f": DataLoader(ds, sampler=BatchSampler(RandomSampler(ds), batch_size={batch}, "
-            f"drop_last=False), batch_size=None) (ds[indices] returns the batch), or slice the "
-            f"tensors by torch.randperm yourself")
+            + f": {_one_indexing(batch)}")
 
 
 def _cheap_batches(s: Dict[str, Any], wait: float) -> str:
@@ -228,9 +229,14 @@ def _cheap_batches(s: Dict[str, Any], wait: float) -> str:
             f"handing one over from a worker process (~{HANDOVER_MS:.0f} ms), so workers would "
             f"make the step slower{cpu}. For data already in memory (a TensorDataset, tensors), "
             f"load each batch with one indexing instead of one __getitem__ per sample and a "
-            f"collate: DataLoader(ds, sampler=BatchSampler(RandomSampler(ds), "
-            f"batch_size={batch}, drop_last=False), batch_size=None) (ds[indices] returns the "
-            f"batch), or slice the tensors by torch.randperm yourself")
+            f"collate: {_one_indexing(batch)}")
+
+
+def _one_indexing(batch: Any) -> str:
+    """How to load a batch of an in-memory dataset with one indexing (``batch``: its size)."""
+    return (f"DataLoader(ds, sampler=BatchSampler(RandomSampler(ds), batch_size={batch}, "
+            f"drop_last=False), batch_size=None) (ds[indices] returns the batch), or slice the "
+            f"tensors by torch.randperm yourself")
 
 
 def _rounds(values: List[float], n: int) -> List[float]:
