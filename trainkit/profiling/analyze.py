@@ -126,30 +126,29 @@ def _names(paths: Any) -> str:
 def _nothing_yet(run: Run, writing: List[str]) -> Finding:
     """TA110 for a run whose only traces are still being written (or were cut short moments ago,
     a crash) and whose records count no step: nothing was analyzed yet."""
-    return Finding(
-        code="TA110", title="nothing analyzed",
-        evidence=f"nothing was analyzed in {run.path!r}: no step counted in its records, and its "
-                 f"trace(s) {_names(writing)} are still being written (unreadable, changed within "
-                 f"the last {WRITING_GRACE_S:.0f} s), so they are left out",
-        share=None, count=0,
-        fix="analyze again once the run has ended (a profiling cycle's trace is written as the "
-            "cycle ends); a trace left cut short by a crash stays unreadable and is reported as "
-            "TA100 a minute after its last change",
-        severity="high", run=run.name)
+    return _nothing_analyzed(
+        run, f"no step counted in its records, and its trace(s) {_names(writing)} are still "
+             f"being written (unreadable, changed within the last {WRITING_GRACE_S:.0f} s), so "
+             f"they are left out",
+        "analyze again once the run has ended (a profiling cycle's trace is written as the "
+        "cycle ends); a trace left cut short by a crash stays unreadable and is reported as "
+        "TA100 a minute after its last change")
 
 
 def _no_step_in_traces(run: Run) -> Finding:
     """TA110 for a run of traces only, none holding a profiled step."""
-    return Finding(
-        code="TA110", title="nothing analyzed",
-        evidence=f"nothing was analyzed in {run.path!r}: no trainkit records, and no trace holds "
-                 f"a training step ({_names(run.traces)}: empty, or only what ran after the "
-                 f"session's last step, trainkit/after_last_step)",
-        share=None, count=0,
-        fix="profile steps of the training: tk.session(logdir=..., profile=tk.ProfileSchedule("
-            "wait=5, warmup=1, active=3)) around the loop, with tk.patch(optimizer) so that the "
-            "session counts the steps, and a loop longer than wait + warmup steps",
-        severity="high", run=run.name)
+    return _nothing_analyzed(
+        run, f"no trainkit records, and no trace holds a training step ({_names(run.traces)}: "
+             f"empty, or only what ran after the session's last step, trainkit/after_last_step)",
+        "profile steps of the training: tk.session(logdir=..., profile=tk.ProfileSchedule("
+        "wait=5, warmup=1, active=3)) around the loop, with tk.patch(optimizer) so that the "
+        "session counts the steps, and a loop longer than wait + warmup steps")
+
+
+def _nothing_analyzed(run: Run, why: str, fix: str) -> Finding:
+    return Finding(code="TA110", title="nothing analyzed",
+                   evidence=f"nothing was analyzed in {run.path!r}: {why}", share=None, count=0,
+                   fix=fix, severity="high", run=run.name)
 
 
 def _check_logdir(logdir: Any) -> str:
