@@ -369,3 +369,98 @@ def test_a_torch_that_cannot_compile_leaves_the_optimizer_unpatched(monkeypatch)
     tk.patch(opt, compile=True)  # and compile=True on a patched optimizer compiles its step
     assert opt.__dict__["_trainkit_patch"].compiled
     tk.unpatch(opt)
+
+
+class _LineSearchSGD(torch.optim.SGD):
+    """A step that calls its closure again with an argument: a forward-only evaluation, as
+    line-search optimizers do."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        with torch.enable_grad():
+            loss = closure()
+        super().step()
+        self.after = float(closure(backward=False))
+        return loss
+
+
+def _line_search_run(model, opt, batches):
+    for x, y in batches:
+        def closure(backward=True):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            if backward:
+                opt.zero_grad()
+                loss.backward()
+            return loss
+        opt.step(closure)
+    return opt.after
+
+
+def test_a_closure_the_optimizer_calls_with_arguments_gets_them(tmp_path):
+    # Before: trainkit's timed closure took no arguments, and a patched step raised TypeError
+    # ("timed() got an unexpected keyword argument 'backward'") in a session.
+    a, b = mlp(), mlp()
+    opt_a, opt_b = _LineSearchSGD(a.parameters(), lr=0.1), _LineSearchSGD(b.parameters(), lr=0.1)
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        tk.patch(opt_a)
+        after_a = _line_search_run(a, opt_a, loader(n=32))
+    after_b = _line_search_run(b, opt_b, loader(n=32))
+    assert after_a == after_b
+    for pa, pb in zip(_params(a), _params(b)):
+        assert torch.equal(pa, pb)
+    assert len(scalars(tmp_path)["trainkit/closure_ms"]) == 4
+
+
+def test_an_accumulating_step_calls_the_closure_again_for_a_call_with_arguments(tmp_path):
+    m = mlp()
+    opt = _LineSearchSGD(m.parameters(), lr=0.1)
+    x, y = next(iter(loader()))
+    calls = []
+
+    def closure(backward=True):
+        calls.append(backward)
+        loss = torch.nn.functional.cross_entropy(m(x), y)
+        if backward:
+            loss.backward()
+        return loss
+
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        tk.patch(opt)
+        with tk.accumulate(2, opt):
+            opt.step(closure)
+            opt.step(closure)
+    # each micro-batch's closure once; the real step's own call gets that loss back, and its
+    # forward-only evaluation after the update runs the closure
+    assert calls == [True, True, False]
+    with torch.no_grad():
+        assert opt.after == float(torch.nn.functional.cross_entropy(m(x), y))
+
+
+def test_an_instance_step_runs_after_unpatch_through_a_scheduler_made_while_patched():
+    # The user's (or a library's) step set on the instance, then tk.patch, an LR scheduler, and
+    # tk.unpatch: the scheduler's wrapper calls the old patched step, which called the class's
+    # step and skipped the instance's one (0 of 3 calls, against 3 of 3 unpatched).
+    import types
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    calls = []
+
+    def counting_step(self, *args, **kwargs):
+        calls.append(1)
+        return type(self).step(self, *args, **kwargs)
+
+    opt.step = types.MethodType(counting_step, opt)
+    tk.patch(opt)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    tk.unpatch(opt)
+    x, y = next(iter(loader()))
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        sched.step()
+    assert len(calls) == 3
+    tk.patch(opt)  # and patched again, through the same wrapper
+    opt.step()
+    assert len(calls) == 4

@@ -162,11 +162,23 @@ def run_closure(closure: Callable[[], Any], s: Any) -> Any:
             s._buf.append((CLOSURE_MS, s.step, (timing.now() - t0) * 1e3))
 
 
-def timed_closure(closure: Callable[[], Any], acc: list) -> Callable[[], Any]:
-    def timed() -> Any:
+def ran_closure(closure: Callable[..., Any], loss: Any) -> Callable[..., Any]:
+    """What an accumulating step passes on for a closure :func:`run_closure` already ran: its
+    ``loss`` for the call without arguments, the closure itself for a call with some (a forward
+    only evaluation, ``closure(backward=False)``, asks for a new value)."""
+    def ran(*args: Any, **kwargs: Any) -> Any:
+        return closure(*args, **kwargs) if args or kwargs else loss
+
+    return ran
+
+
+def timed_closure(closure: Callable[..., Any], acc: list) -> Callable[..., Any]:
+    """``closure``, its time added to ``acc[0]`` (ms) at each call; the optimizer's arguments
+    (a line search's ``closure(backward=False)``) are passed on."""
+    def timed(*args: Any, **kwargs: Any) -> Any:
         t0 = timing.now()
         try:
-            return closure()
+            return closure(*args, **kwargs)
         finally:
             acc[0] += (timing.now() - t0) * 1e3
 

@@ -52,10 +52,12 @@ def step_function(p: Any) -> Any:
                 return out
         if not p.live:
             # A stale step: its patch was undone, but a wrapper made meanwhile (an LR scheduler's)
-            # still calls it, maybe as the core of a newer patch: the class's own step, or the
-            # newer patch would call itself through that wrapper without end.
+            # still calls it, maybe as the core of a newer patch: the step it patched, as taken
+            # then (a step the user or a library set on the instance runs, as unpatched).
             opt = ref()
-            return type(opt).step(opt, *args, **kwargs)
+            if opt is None:
+                return gone(own)
+            return own(opt, *args, **kwargs) if bound else own(*args, **kwargs)
         return p.step(*args, **kwargs)
 
     step.__wrapped_step__ = True  # type: ignore[attr-defined]

@@ -26,8 +26,8 @@ import weakref
 from typing import Any, Callable, Optional
 
 from . import _optstate, timing
-from ._optcalls import ZERO_GRAD_SIGNATURE, closure_of as _closure_of, rebind, referent, \
-    run_closure as _run_closure, timed_closure as _timed_closure, unbind
+from ._optcalls import ZERO_GRAD_SIGNATURE, closure_of as _closure_of, ran_closure as _ran_closure, \
+    rebind, referent, run_closure as _run_closure, timed_closure as _timed_closure, unbind
 from ._optstep import step_function
 from ._text import brief
 from ._wrapped import inner_optimizer, repoint_saved_step
@@ -126,10 +126,11 @@ class OptimizerPatch:
                 loss = _run_closure(closure, s)
                 if not gate.should_step():
                     return loss
+                ran = _ran_closure(closure, loss)
                 if "closure" in kwargs:
-                    kwargs["closure"] = lambda: loss
+                    kwargs["closure"] = ran
                 else:
-                    args = (lambda: loss,) + args[1:]
+                    args = (ran,) + args[1:]
         if s is None:
             return self.core(*args, **kwargs)
         here = self.session is not None and self.session() is s
