@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import trainkit as tk
+from trainkit.loader import PatchedLoader
 from trainkit.recorder import BATCH_REC
 from tests.conftest import scalars
 from tests.helpers import items_per_step, loader, mlp
@@ -46,7 +47,7 @@ def test_a_patched_source_without_len_has_none_and_is_true():
     assert bool(p) and not hasattr(p, "__len__") and not isinstance(p, collections.abc.Sized)
     sized = tk.patch([])
     assert len(sized) == 0 and not sized and isinstance(sized, collections.abc.Sized)
-    assert isinstance(sized, type(p))  # both are patched loaders: tk.unpatch takes either
+    assert isinstance(sized, PatchedLoader) and isinstance(p, PatchedLoader)  # tk.unpatch takes either
 
 
 def test_generator_source_without_len():
@@ -170,3 +171,54 @@ def test_a_patched_loader_indexes_as_its_source(tmp_path):
         assert [r for r in s._buf if r[0] is BATCH_REC] == []
     with pytest.raises(TypeError, match="'generator' object is not subscriptable"):
         tk.patch(x for x in range(3))[0]
+
+
+def test_a_patched_iterator_hands_out_batches_with_next(tmp_path):
+    # A loop that counts steps takes its batches with next() from tk.patch(itertools.cycle(...)):
+    # before, "'PatchedLoader' object is not an iterator".
+    import collections.abc
+    import itertools
+
+    batches = [(torch.zeros(n, 3), torch.zeros(n)) for n in (2, 3, 4)]
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        tk.patch(opt)
+        it = tk.patch(itertools.cycle(batches))
+        assert isinstance(it, collections.abc.Iterator)
+        for _ in range(5):
+            x, _y = next(it)
+            time.sleep(0.002)
+            model(x).sum().backward()
+            opt.step()
+    got = scalars(tmp_path)
+    steps = dict(got["trainkit/step_time_ms"])
+    assert sorted(steps) == [1, 2, 3, 4, 5]
+    assert {st: round(v * steps[st] / 1e3) for st, v in got["trainkit/samples_per_s"]} == {
+        1: 2, 2: 3, 3: 4, 4: 2, 5: 3}
+    assert len(got["trainkit/data_wait_ms"]) == 5
+    # a source that is no iterator gives none, as unpatched; an exhausted one stops again
+    assert not hasattr(tk.patch(batches), "__next__")
+    gen = tk.patch(b for b in batches[:1])
+    assert next(gen) is batches[0]
+    for _ in range(2):
+        with pytest.raises(StopIteration):
+            next(gen)
+
+
+class _ByIndex:
+    """Batches served by index, with no __iter__: Python iterates it from 0 to IndexError."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __getitem__(self, i):
+        return self.batches[i]
+
+
+def test_a_source_iterated_by_index_is_patched(tmp_path):
+    # Before: refused as "expected ... an iterable data loader", though for and iter() take it.
+    batches = [(torch.zeros(n, 3),) for n in (2, 5)]
+    assert items_per_step(tmp_path, _ByIndex(batches)) == {1: 2, 2: 5}
+    with pytest.raises(TypeError, match="expected a torch.optim.Optimizer or an iterable"):
+        tk.patch(object())

@@ -217,7 +217,7 @@ def _in_a_wait() -> bool:
 
 
 _INF = float("inf")
-_OWN = frozenset(("source", "original", "_dataloader"))  # the wrapper's own
+_OWN = frozenset(("source", "original", "_dataloader", "_next_pass"))  # the wrapper's own
 _NO_WORK = (BATCH_REC, GC_MS, GC_FULL)  # records that no loop body made: waits, collections
 
 
@@ -298,6 +298,25 @@ class _Context:
         return self.source.__exit__(*exc)  # type: ignore[attr-defined]
 
 
+class _Iterator:
+    """``next()`` as on a source that is an iterator (``tk.patch(itertools.cycle(loader))`` in a
+    loop that counts steps, a generator): the first ``next()`` begins a pass, and the later ones
+    go on with it; at its end the next call begins another (which ends at once, as the source
+    does). A ``for`` loop over the patched loader begins a pass of its own, over what is left."""
+
+    _next_pass: Any = None  # the pass next() goes on with (an instance's own once begun)
+
+    def __next__(self) -> Any:
+        it = self._next_pass  # type: ignore[attr-defined]
+        if it is None:
+            it = self._next_pass = iter(self)
+        try:
+            return next(it)
+        except StopIteration:
+            self._next_pass = None
+            raise
+
+
 class _ContextPatchedLoader(_Context, PatchedLoader):
     pass
 
@@ -306,9 +325,35 @@ class _SizedContextPatchedLoader(_Context, SizedPatchedLoader):
     pass
 
 
+class _IteratorPatchedLoader(_Iterator, PatchedLoader):
+    pass
+
+
+class _SizedIteratorPatchedLoader(_Iterator, SizedPatchedLoader):
+    pass
+
+
+class _ContextIteratorPatchedLoader(_Iterator, _ContextPatchedLoader):
+    pass
+
+
+class _SizedContextIteratorPatchedLoader(_Iterator, _SizedContextPatchedLoader):
+    pass
+
+
+#: (sized, a context manager, an iterator) -> the patched loader's class
+_CLASSES = {
+    (False, False, False): PatchedLoader, (True, False, False): SizedPatchedLoader,
+    (False, True, False): _ContextPatchedLoader, (True, True, False): _SizedContextPatchedLoader,
+    (False, False, True): _IteratorPatchedLoader, (True, False, True): _SizedIteratorPatchedLoader,
+    (False, True, True): _ContextIteratorPatchedLoader,
+    (True, True, True): _SizedContextIteratorPatchedLoader,
+}
+
+
 def wrap(source: Any, original: Any) -> PatchedLoader:
-    """The patched loader of ``source``: sized, and a context manager, where the source is."""
-    sized = hasattr(source, "__len__")
-    if hasattr(type(source), "__enter__") and hasattr(type(source), "__exit__"):
-        return (_SizedContextPatchedLoader if sized else _ContextPatchedLoader)(source, original)
-    return (SizedPatchedLoader if sized else PatchedLoader)(source, original)
+    """The patched loader of ``source``: sized, a context manager, and an iterator (``next()``),
+    where the source is."""
+    kind = type(source)
+    context = hasattr(kind, "__enter__") and hasattr(kind, "__exit__")
+    return _CLASSES[(hasattr(source, "__len__"), context, hasattr(kind, "__next__"))](source, original)

@@ -348,7 +348,8 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
         kind = type(obj).__name__
     elif isinstance(obj, torch.nn.Module):
         kind = "a model (nn.Module)"
-    elif not hasattr(obj, "__iter__"):
+    elif not hasattr(obj, "__iter__") and not hasattr(type(obj), "__getitem__"):
+        # iterable as Python iterates: by __iter__, or by index (__getitem__ from 0 to IndexError)
         kind = type(obj).__name__
         if isinstance(getattr(obj, "__self__", getattr(obj, "optimizer", None)),
                       torch.optim.Optimizer):  # a scheduler, or optimizer.step
