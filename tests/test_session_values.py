@@ -225,3 +225,22 @@ def test_system_samples_go_under_a_step_that_exists_once_each(tmp_path):
         assert steps == [1, 2, 3], (tag, steps)  # the close's sample: under step 3, once
     # (on a CPU the peak is decided after the first step: the sample before leaves it out)
     assert [st for st, _ in got["trainkit/memory/peak_MB"]] == [2, 3]
+
+
+def test_a_name_utf8_cannot_write_is_refused_and_the_run_goes_on(tmp_path):
+    # A file name's undecodable byte, as os.fsdecode gives it (a lone surrogate): before, s.log
+    # took it, the writer thread failed on it, and every later step of the run was lost (with
+    # a warning about disk space).
+    import os
+
+    bad = "val/" + os.fsdecode(b"caf\xe9.csv")
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        s.log("loss", 1.0)
+        with pytest.raises(ValueError, match=r"'\\udce9' at 7 cannot be written as UTF-8.*"
+                                             r"s.log\('val/caf\?.csv', value\)"):
+            s.log(bad, 2.0)
+        s.flush()
+        s.log("loss", 3.0, step=2)
+        s.log("café/ü", 4.0, step=2)
+    got = scalars(tmp_path)
+    assert got["loss"] == [(1, 1.0), (2, 3.0)] and got["café/ü"] == [(2, 4.0)]

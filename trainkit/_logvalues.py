@@ -16,9 +16,18 @@ from .recorder import OWN_TAGS, PREFIX
 
 
 def check_log_name(name: Any) -> None:
-    """Refuse a name that is no str, is empty, or is one of trainkit's own tags."""
+    """Refuse a name that is no str, is empty, is one of trainkit's own tags, or cannot be
+    written as UTF-8 (an event file's tags are: the writer would fail on it, mid-run)."""
     if type(name) is not str or not name:
         raise TypeError(f"log(name={name!r}): name must be a non-empty str, e.g. s.log('loss', loss)")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: os.fsdecode of a non-UTF-8 file name
+        fixed = name.encode("utf-8", "replace").decode("utf-8")
+        raise ValueError(f"log(name={name!r}): {name[exc.start:exc.end]!r} at {exc.start} cannot be "
+                         f"written as UTF-8, which TensorBoard's tags are (a lone surrogate, as "
+                         f"os.fsdecode makes of a file name's undecodable bytes); log under a name "
+                         f"without it, e.g. s.log({fixed!r}, value)") from None
     if name.startswith(OWN_TAGS):
         other = "my/" + name[len(PREFIX):] if name.startswith(PREFIX) else name.lstrip("\0")
         raise ValueError(f"log(name={name!r}): names under {PREFIX!r} (and names starting with a "
