@@ -333,9 +333,13 @@ def _warn_lost(path: str, exc: BaseException, what: str) -> None:
     training itself is fine and must go on (and a user's own exception must not be replaced)."""
     import warnings
 
+    if isinstance(exc, OSError):  # the disk or the folder
+        fix = "Free some space (or fix the folder) and start a new tk.session to record again"
+    else:  # no file system's: trainkit's own failure
+        fix = ("This is a trainkit bug: please report it with this message; a new tk.session "
+               "records again")
     warnings.warn(f"trainkit: writing the run to {path!r} failed ({type(exc).__name__}: {exc}); "
-                  f"{what}, the training goes on. Free some space (or fix the folder) and start "
-                  f"a new tk.session to record again", RuntimeWarning, stacklevel=2)
+                  f"{what}, the training goes on. {fix}", RuntimeWarning, stacklevel=2)
 
 
 
