@@ -232,3 +232,32 @@ def test_a_ctrl_c_just_before_the_close_holds_signals_leaves_the_session_to_the_
     assert not s.closed and tk.active() is s  # what the exit closes
     s.close()
     assert scalars(tmp_path)["x"] == [(1, 1.0)]
+
+
+@pytest.mark.parametrize("patched_loader", [False, True])
+def test_values_of_a_first_step_longer_than_flush_secs_make_one_point(tmp_path, patched_loader):
+    # An accumulation window's first micro-batches, before any step was counted: the writer took
+    # the run for one that counts no steps and wrote step 1 at each wake, so step 1 showed a
+    # point per flush ([(1, 0.0), (1, 1.0), (1, 2.0), (1, 3.0)]), not their mean.
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [torch.ones(2, 4)] * 8
+    with tk.session(logdir=tmp_path, system_metrics=False, flush_secs=0.05) as s:
+        tk.patch(opt)
+        with tk.accumulate(4, opt):
+            for i, x in enumerate(tk.patch(batches) if patched_loader else batches):
+                s.log("x", float(i))
+                time.sleep(0.12)  # more than two wakes of the writer
+                model(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    assert scalars(tmp_path)["x"] == [(1, 1.5), (2, 5.5)]
+
+
+def test_a_slow_first_batch_of_an_evaluation_makes_one_point(tmp_path):
+    with tk.session(logdir=tmp_path, system_metrics=False, flush_secs=0.05) as s:
+        for x in tk.patch([1.0, 3.0]):
+            for _ in range(2):
+                s.log("x", x)
+                time.sleep(0.12)
+    assert scalars(tmp_path)["x"] == [(1, 1.0), (2, 3.0)]

@@ -58,6 +58,9 @@ class Recorder:
         #: called once, by the writer thread, at its first wake after a step of this session
         #: completed (a check that needs the run under way); None: none, or done
         self.once: Optional[Callable[[], None]] = None
+        #: whether the step in progress is one the session is going to count, so that more
+        #: values may still join it (see :meth:`_flush_rest`); set by the session
+        self.steps_coming: Callable[[], bool] = _never
         self._lock = threading.RLock()  # re-entrant: a SIGTERM handler may flush mid-flush
         self._wake = threading.Event()
         self._stop = False
@@ -203,7 +206,14 @@ class Recorder:
         summaries, system metrics."""
         if not final:
             near = done + 1 + _BEHIND
-            self._write_ahead(done if stalled else near, near)
+            # Stalled before any step was counted: the steps ahead are written, and the one in
+            # progress too unless the session is going to count it (an accumulation window's
+            # first micro-batches, a slow first batch): written now, it would show as one point
+            # for what it held so far, and another one at its end.
+            if stalled:
+                self._write_ahead(done + 1 if self.steps_coming() else done, near)
+            else:
+                self._write_ahead(near, near)
         while self.meta:
             tag, step, text = self.meta.popleft()
             self.writer.write_text(tag, text, step=step)
@@ -322,6 +332,10 @@ class Recorder:
                             f.close()
                     except Exception:
                         pass
+
+
+def _never() -> bool:
+    return False
 
 
 #: A flush writes a completed step early, mid-pass, once a record this many steps later shows up.

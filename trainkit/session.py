@@ -88,6 +88,7 @@ class Session(StepCounter):
                                   completed=self._completed,
                                   sample=sampler, resumed_at=self.step if steps_done else None)
         self._buf = self._recorder.buf
+        self._recorder.steps_coming = self._steps_coming
         if rank is None:  # a process group started after this session: said at the first wake
             self._recorder.once = functools.partial(warn_ranks_mixed, root)
         self._log_every = int(log_every)  # a numpy integer too
@@ -290,6 +291,13 @@ class Session(StepCounter):
 
     def _completed(self) -> int:
         return self.step - 1
+
+    def _steps_coming(self) -> bool:
+        """Whether the step in progress is one this session is going to count: a patched loader
+        handed out its batch, or an optimizer patched for this session has yet to step."""
+        from .patch import _patched, stepped_elsewhere
+
+        return self._batch_step is not None or (bool(_patched) and not stepped_elsewhere(self))
 
     def on_close(self, undo: Callable[[], None]) -> None:
         """Run ``undo`` when the session closes (restores backend flags a technique changed)."""
