@@ -283,3 +283,23 @@ def test_the_report_is_json_a_browser_parses_whatever_the_numbers(tmp_path):
     resp = Client(plugin.get_plugin_apps()["/report"]).get("/report", query_string={"run": "r"})
     strict = json.loads(resp.data, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
     assert strict["ablation"]["rows"] == [{"technique": "amp", "ratio": None, "ci": [None, 1.0]}]
+
+
+def test_an_ablation_file_nested_too_deep_is_said_not_a_server_error(tmp_path):
+    shutil.copy(os.path.join(FIXTURES, "gpu_syncs.pt.trace.json"), tmp_path)
+    (tmp_path / "ablation.json").write_text("[" * 100_000 + "]" * 100_000)
+    got = TabData(str(tmp_path)).report(".")["ablation"]
+    assert got["rows"] == [] and got["message"].startswith("ablation.json cannot be read: ")
+
+
+def test_a_findings_text_names_the_run_as_the_tab_does(tmp_path):
+    # The tab analyzed each run folder as a logdir of its own: TA100's evidence said "in run '.'".
+    run = tmp_path / "exp1"
+    run.mkdir()
+    trace = run / "host_1.1.pt.trace.json"
+    trace.write_text('{"traceEvents": [')
+    os.utime(trace, (1e9, 1e9))  # long unchanged: broken, not being written
+    found = TabData(str(tmp_path)).report("exp1")["findings"]
+    ta100 = [f for f in found if f["code"] == "TA100"]
+    assert len(ta100) == 1 and ta100[0]["run"] == "exp1"
+    assert "in run 'exp1' cannot be read" in ta100[0]["evidence"]

@@ -13,7 +13,7 @@ import dataclasses
 import os
 import time
 import warnings
-from typing import Any, Callable, Dict, List, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from .analyzers import records as record_rules
 from .analyzers import traces as trace_rules
@@ -79,13 +79,16 @@ def _trace_findings(run: Run, now: float) -> Tuple[List[TraceStats], List[Findin
     return stats, bad, writing
 
 
-def analyze_run(logdir: str, folder: str, *,
-                clock: Callable[[], float] = time.time) -> RunReport:
-    """Findings and step breakdown of the run in ``folder`` (named relative to ``logdir``).
+def analyze_run(logdir: str, folder: str, *, clock: Callable[[], float] = time.time,
+                name: Optional[str] = None) -> RunReport:
+    """Findings and step breakdown of the run in ``folder`` (named relative to ``logdir``, or
+    ``name``: as TensorBoard names it, for the tab, which finds the folder on its own).
 
     ``clock`` (wall time, as file mtimes are) tells a trace still being written from a broken one.
     """
     run = load_run(logdir, folder)
+    if name is not None:  # the findings' texts say it too
+        run = dataclasses.replace(run, name=name)
     st = record_rules.Steps(run)  # the one selection of steps the findings and breakdown share
     found = [dataclasses.replace(f, run=run.name) for f in record_rules.findings(st)]
     stats, bad, writing = _trace_findings(run, clock())

@@ -38,7 +38,7 @@ def _ablation(folder: str) -> Dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # nested too deep: RecursionError
         return {"rows": [], "message": f"{ABLATION_FILE} cannot be read: {exc}"}
     rows = data.get("rows") if isinstance(data, dict) else data
     rows = rows if isinstance(rows, list) else []
@@ -118,10 +118,7 @@ class TabData:
             cached = self._reports.get(name)
             if cached is not None and cached[0] == sig:
                 return cached[1]
-        out = analyze_run(folder, folder).to_dict()
-        out["run"] = name  # as TensorBoard and the runs route name it
-        for finding in out["findings"]:
-            finding["run"] = name
+        out = analyze_run(folder, folder, name=name).to_dict()  # named as TensorBoard names it
         out["ablation"] = _ablation(folder)
         # Not kept while a trace is being written: asked again, it may be complete, or, left
         # unchanged past the grace period (the same signature), broken for good.
