@@ -230,7 +230,8 @@ def test_optimizer_step_dominating_is_found(logdir):
     opt = lambda params: torch.optim.Adam(params, foreach=False)
     train(logdir, steps=8, model=BigCheap(), optimizer=opt)
     f = by_code(tk.analyze(logdir), "TA104")
-    assert f.share >= 0.3 and "fused=True" in f.fix and "compiled_step" in f.fix
+    assert f.share >= 0.3 and "compiled_step" in f.fix
+    assert "torch.optim.Adam(params, ..., fused=True)" in f.fix and "AdamW" not in f.fix
 
 
 def test_pageable_copies_are_found_from_the_records(logdir):
@@ -269,6 +270,31 @@ def test_optimizer_fix_fits_what_the_run_already_does(logdir, extra, says, not_s
     w.close()
     f = by_code(tk.analyze(logdir), "TA104")
     assert says in f.fix and not_says not in f.fix
+
+
+@pytest.mark.parametrize("optimizers, says", [
+    ([{"type": "RMSprop", "stepped": True}], "torch.optim.RMSprop(params, ..., foreach=True)"),
+    ([{"type": "SGD", "stepped": True}, {"type": "Adam", "stepped": False}],
+     "torch.optim.SGD(params, ..., fused=True)"),
+    ([{"type": "Lion", "stepped": True}], "where the optimizer has one (torch.optim.Adam, AdamW"),
+    ([{"type": "SGD", "stepped": True}, {"type": "Adam", "stepped": True}], "where the optimizer"),
+    (None, "where the optimizer has one"),
+])
+def test_optimizer_fix_names_the_runs_own_optimizer(logdir, optimizers, says):
+    # It said torch.optim.AdamW(params, fused=True) whatever the run used (AdamW's decoupled
+    # weight decay is other maths than Adam's).
+    import json
+
+    from trainkit._optinfo import META_OPTIMIZERS
+
+    w = EventFileWriter(logdir)
+    for step in range(1, 7):
+        w.write_scalars(step=step, values={PREFIX + "step_time_ms": 10.0, PREFIX + "update_ms": 6.0})
+    if optimizers is not None:
+        w.write_text(META_OPTIMIZERS, json.dumps(optimizers), step=6)
+    w.close()
+    f = by_code(tk.analyze(logdir), "TA104")
+    assert says in f.fix
 
 
 def test_analyze_on_a_file_says_it_is_a_file(tmp_path):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import datetime
 import statistics
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ...recorder import (AMP_SKIPPED, CLOSURE_MS, COMPILE_RECOMPILES, COMPILE_SECONDS, DATA_WAIT,
                          GC_FULL, GC_MS, H2D_MS, H2D_PINNED_PCT, PREFIX, SAMPLES_PER_S, STEP_TIME,
@@ -121,6 +121,27 @@ def optimizer_dominates(st: Steps) -> Optional[Finding]:
         severity=severity_for(share, high=0.5, medium=0.3))
 
 
+#: torch.optim's optimizers with a fused implementation (``fused=True``)
+_FUSED = ("Adam", "AdamW", "SGD", "Adagrad")
+#: and those with a multi-tensor one only (``foreach=True``)
+_FOREACH = ("ASGD", "Adadelta", "Adafactor", "Adamax", "NAdam", "RAdam", "RMSprop", "Rprop")
+
+
+def _faster_update(st: Steps) -> str:
+    """What makes the run's own optimizer's update faster: its fused (or multi-tensor) form, named
+    for the optimizer the run stepped (its close recorded it); for another one, or a run that
+    did not record it, the optimizers that have a fused form."""
+    stepped = {name for name, stepped in _optimizers(st.run) if stepped is True}
+    name = stepped.pop() if len(stepped) == 1 else None
+    if name in _FUSED:
+        return f"its fused implementation, torch.optim.{name}(params, ..., fused=True)"
+    if name in _FOREACH:
+        return (f"its multi-tensor implementation, torch.optim.{name}(params, ..., foreach=True) "
+                f"(it has no fused one)")
+    return ("a fused implementation where the optimizer has one (torch.optim.Adam, AdamW, SGD, "
+            "Adagrad: fused=True) or a multi-tensor one (foreach=True)")
+
+
 def _optimizer_fix(st: Steps) -> str:
     """The fix for TA104, for what the run already does: a closure optimizer, a compiled step."""
     if st.run.values(CLOSURE_MS):
@@ -128,13 +149,11 @@ def _optimizer_fix(st: Steps) -> str:
                 "line_search_fn set its work); time the closure apart with a profiler, and consider "
                 "fewer iterations per step or a first-order optimizer if the loss allows")
     if st.run.values(COMPILE_SECONDS):
-        return ("the step is already compiled: use the fused implementation, e.g. "
-                "torch.optim.AdamW(params, fused=True), fewer and larger parameter tensors, or "
-                "compile mode='max-autotune'; on a CPU the update is memory-bound and scales with "
-                "the parameter count")
-    return ("use the fused implementation, e.g. torch.optim.AdamW(params, fused=True) (or "
-            "foreach=True), or compile the step: tk.patch(optimizer, compile=True) / "
-            "@tk.compiled_step")
+        return (f"the step is already compiled: use {_faster_update(st)}, fewer and larger "
+                f"parameter tensors, or compile mode='max-autotune'; on a CPU the update is "
+                f"memory-bound and scales with the parameter count")
+    return (f"use {_faster_update(st)}, or compile the step: tk.patch(optimizer, compile=True) / "
+            f"@tk.compiled_step")
 
 
 def recompiles(st: Steps) -> Optional[Finding]:
@@ -234,9 +253,10 @@ def no_steps(run: Run) -> Finding:
         severity="high", run=run.name)
 
 
-def _patched_never_stepped(run: Run) -> str:
-    """The patched optimizers (``"Adam"``, ``"Adam and SGD"``) when none stepped in the session
-    shown, as its close recorded them; "" when none was patched, one stepped, or not recorded."""
+def _optimizers(run: Run) -> List[Tuple[str, Any]]:
+    """``(type, stepped)`` of each optimizer patched in the session shown, as its close recorded
+    them (``stepped``: True if it stepped there, False if not); [] where it recorded none, or
+    something else."""
     import json
 
     from ..._optinfo import META_OPTIMIZERS
@@ -245,11 +265,19 @@ def _patched_never_stepped(run: Run) -> str:
     try:
         got = json.loads(text) if text else []
     except ValueError:
+        return []
+    if not isinstance(got, list) or any(not isinstance(o, dict) for o in got):
+        return []
+    return [(str(o.get("type", "optimizer")), o.get("stepped")) for o in got]
+
+
+def _patched_never_stepped(run: Run) -> str:
+    """The patched optimizers (``"Adam"``, ``"Adam and SGD"``) when none stepped in the session
+    shown, as its close recorded them; "" when none was patched, one stepped, or not recorded."""
+    got = _optimizers(run)
+    if not got or any(stepped is not False for _, stepped in got):
         return ""
-    if not isinstance(got, list) or not got or any(
-            not isinstance(o, dict) or o.get("stepped") is not False for o in got):
-        return ""
-    names = sorted({str(o.get("type", "optimizer")) for o in got})
+    names = sorted({name for name, _ in got})
     return " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
