@@ -123,7 +123,8 @@ def _materialize(spec: Any) -> Any:
 
 def run_script(folder: str, script: List[Tuple[str, Any]], use_c: bool,
                monkeypatch: pytest.MonkeyPatch) -> bytes:
-    """The event file's bytes after its first record (the file's own header event)."""
+    """The event file's bytes after its first two records (the file's own header event and
+    trainkit's versions text)."""
     done = [0]
     monkeypatch.setattr(recorder, "_fast", fast if use_c else None)
     rec = Recorder(folder, flush_secs=1e6, sample_secs=1e6, completed=lambda: done[0])
@@ -147,8 +148,10 @@ def run_script(folder: str, script: List[Tuple[str, Any]], use_c: bool,
         rec.close()
     with open(rec.writer.path, "rb") as f:
         data = f.read()
-    first = 12 + int.from_bytes(data[:8], "little") + 4
-    return data[first:]
+    at = 0
+    for _ in range(2):  # the file's header event, and the versions text (written at its time)
+        at += 12 + int.from_bytes(data[at:at + 8], "little") + 4
+    return data[at:]
 
 
 @needs_c

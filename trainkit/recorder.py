@@ -67,6 +67,11 @@ class Recorder:
         # perf_counter -> wall clock, for each step event's wall_time.
         self._wall0, self._perf0 = time.time(), timing.now()
         self.writer = EventFileWriter(logdir, resumed_at=resumed_at)
+        # The file is trainkit's from its first write: a run killed before its first flush (a
+        # SIGKILL, the OOM killer while the model loads) is still a run that counted no steps
+        # for the analysis (TA110) and the tab, not a folder of somebody else's event files.
+        self.writer.write_text(META_VERSIONS, _versions(), step=0)
+        self.writer.flush()
         self.failed: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._run, name="trainkit-writer", daemon=True)
         self._thread.start()
@@ -336,6 +341,25 @@ class Recorder:
 
 def _never() -> bool:
     return False
+
+
+#: the text summary each session's event file starts with: the versions that recorded it
+META_VERSIONS = PREFIX + "meta/versions"
+
+
+def _versions() -> str:
+    """JSON: trainkit's, Python's and (when imported: never imported for this) torch's versions."""
+    import json
+    import platform
+    import sys
+
+    from . import __version__
+
+    got = {"trainkit": __version__, "python": platform.python_version()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        got["torch"] = str(getattr(torch, "__version__", "?"))
+    return json.dumps(got, sort_keys=True)
 
 
 #: A flush writes a completed step early, mid-pass, once a record this many steps later shows up.

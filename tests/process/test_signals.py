@@ -242,3 +242,27 @@ except KeyError as e:
     assert "propagated KeyError('users own') context None" in proc.stdout
     assert proc.stderr.count("RuntimeWarning: trainkit: writing the run to") == 1, proc.stderr
     assert "the training goes on" in proc.stderr
+
+
+def test_a_run_killed_before_its_first_flush_is_a_trainkit_run_with_no_steps(tmp_path):
+    # Killed at once (the OOM killer while the model loads): the file held its header alone, and
+    # `trainkit analyze` said "no trainkit run ... record one with tk.session" (exit 2) of a run
+    # that tk.session recorded. Its first write now says it is trainkit's, with the versions.
+    import json
+
+    import trainkit as tk
+    from trainkit.profiling.cli import main as analyze_main
+    from trainkit.profiling.runs import load_run
+
+    logdir = tmp_path / "run"
+    script = ("import os, signal, sys, torch, trainkit as tk\n"
+              "tk.session(logdir=sys.argv[1], system_metrics=False).__enter__()\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(logdir)], env=child_env(), cwd=REPO,
+                          timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    assert len(event_files(str(logdir))) == 1
+    assert [f.code for f in tk.analyze(str(logdir))] == ["TA110"]
+    assert analyze_main([str(logdir)]) == 1
+    versions = json.loads(load_run(str(logdir), str(logdir)).meta["trainkit/meta/versions"])
+    assert versions["trainkit"] == tk.__version__ and versions["torch"] and versions["python"]
