@@ -3,8 +3,8 @@
 ``torch.compile`` guards on the Python floats in ``param_groups``: every new learning rate (or
 OneCycleLR's new betas) is a recompile, until the recompile limit is hit and the step silently
 runs eagerly again. ``tk.compiled_step`` holds the scheduled hyper-parameters as tensors, so the
-step compiles in its warm-up (on a CPU here, at steps 1 and 2: the schedule's first move of Adam's betas
-is the second) and never again however the schedule moves; compile time
+step compiles in its warm-up (on a CPU here, at steps 1 and 2: the schedule's first move of
+Adam's betas is the second) and never again however the schedule moves; compile time
 (``trainkit/compile/seconds``) and any later recompile are recorded apart from step time.
 
     python examples/compiled_optimizer.py --steps 20 --logdir runs/compiled
