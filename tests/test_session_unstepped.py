@@ -109,3 +109,18 @@ def test_sessions_whose_values_each_have_a_step_say_nothing(tmp_path, how):
                 s.log("params", 1234.0)
     assert _said(record) == []
     assert scalars(tmp_path)
+
+
+def test_batches_of_a_loader_under_an_optimizer_that_never_steps_say_why_they_were_no_steps(tmp_path):
+    # The advice was "patch one [loader] inside the session" of a loader that was patched: its
+    # batches were no steps because a patched optimizer was to step, and never did.
+    model = mlp()
+    opt = tk.patch(torch.optim.Adam(model.parameters(), lr=0.1))
+    with pytest.warns(RuntimeWarning, match=SAID) as record:
+        with tk.session(logdir=tmp_path, system_metrics=False) as s:
+            for x, _y in tk.patch(loader()):
+                s.log("out", model(x).sum())
+    (message,) = _said(record)
+    assert "The patched loader's batches were no steps because the patched Adam was to step" in message
+    assert "torch.no_grad()" in message and "patch one inside the session" not in message
+    del opt

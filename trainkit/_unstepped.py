@@ -9,7 +9,7 @@ its close (:func:`message`).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, Optional, Sequence
 
 from ._tags import OWN_TAGS
 
@@ -42,17 +42,30 @@ def tally(counts: Dict[str, int], step: int, opened: Dict[int, Dict[str, Any]],
     return out
 
 
-def message(counts: Dict[str, int], step: int) -> Optional[str]:
-    """What to say of a session that counted no step, or None when no tag got two values."""
+def message(counts: Dict[str, int], step: int, *, batches: bool = False,
+            waiting: Sequence[str] = ()) -> Optional[str]:
+    """What to say of a session that counted no step, or None when no tag got two values.
+
+    ``batches``: a patched loader handed out batches in it; ``waiting``: the types of the patched
+    optimizers that were to step in it and never did (then the batches were no steps).
+    """
     many = sorted(((-n, tag) for tag, n in counts.items() if n > 1))
     if not many:
         return None
     said = [f"{tag!r} logged {-n} times (their mean)" for n, tag in many[:3]]
     if len(many) > 3:
         said.append(f"{len(many) - 3} more")
-    return (f"trainkit: this session counted no step, so everything logged without step= went "
-            f"under step {step} and shows in TensorBoard merged there: {'; '.join(said)}. Steps "
-            f"are counted by a patched optimizer (tk.patch(optimizer): each optimizer.step() is "
-            f"a step) or, when no optimizer steps, by a patched loader (for batch in "
-            f"tk.patch(loader): each batch is a step); patch one inside the session, or pass "
-            f"step= to s.log")
+    head = (f"trainkit: this session counted no step, so everything logged without step= went "
+            f"under step {step} and shows in TensorBoard merged there: {'; '.join(said)}. ")
+    if batches and waiting:
+        return head + (
+            f"The patched loader's batches were no steps because the patched "
+            f"{' and '.join(sorted(set(waiting)))} was to step (each optimizer.step() is a step) "
+            "and never did: in training, check that the loop reaches optimizer.step(); for an "
+            "evaluation, run it under torch.no_grad() (each batch is then a step), or pass step= "
+            "to s.log")
+    return head + (
+        "Steps are counted by a patched optimizer (tk.patch(optimizer): each optimizer.step() "
+        "is a step) or, when no optimizer steps, by a patched loader (for batch in "
+        "tk.patch(loader): each batch is a step); patch one inside the session, or pass step= "
+        "to s.log")

@@ -10,6 +10,7 @@ the process would have had (:mod:`trainkit._signals`). A forked child records no
 from __future__ import annotations
 
 import functools
+import json
 import numbers
 import os
 import threading
@@ -116,6 +117,7 @@ class Session(StepCounter):
         #: id of a patched DataLoader (as the user passed it) -> [its number, a weak reference
         #: to it, passes begun]: its settings are recorded at its first pass (trainkit._loaderinfo)
         self._loaders: Dict[int, List[Any]] = {}
+        self._waiting_optimizers: List[str] = []  # set at the close (_record_optimizers)
         #: technique -> value in force, as read by tk.technique during this session.
         self.techniques: Dict[str, Any] = {}
         self._profiler = None
@@ -228,7 +230,9 @@ class Session(StepCounter):
         finally:
             _signals.release()
         # Counts only when no step ended: the step in progress is still the session's first.
-        said = _unstepped.message(self._recorder.unstepped, self.step)
+        said = _unstepped.message(self._recorder.unstepped, self.step,
+                                  batches=self._last_step_end is not None,  # none stepped: batches
+                                  waiting=self._waiting_optimizers)
         if said is not None:
             warnings.warn(said, RuntimeWarning, stacklevel=user_stacklevel())
         if self._recorder.once is not None:  # the writer never woke after a step
@@ -242,7 +246,10 @@ class Session(StepCounter):
         """The optimizers patched at the end, and whether each stepped here (for TA110)."""
         from ._optinfo import META_OPTIMIZERS, patched_summary
 
-        self._recorder.meta.append((META_OPTIMIZERS, self.step, patched_summary(self)))
+        summary = patched_summary(self)
+        self._recorder.meta.append((META_OPTIMIZERS, self.step, summary))
+        #: the types of the patched optimizers that never stepped (for the close's warning)
+        self._waiting_optimizers = [o["type"] for o in json.loads(summary) if not o["stepped"]]
 
     def flush(self) -> None:
         """Write every completed step recorded so far, now (the writer does it every ``flush_secs``).
