@@ -261,3 +261,51 @@ def test_a_slow_first_batch_of_an_evaluation_makes_one_point(tmp_path):
                 s.log("x", x)
                 time.sleep(0.12)
     assert scalars(tmp_path)["x"] == [(1, 1.0), (2, 3.0)]
+
+
+def test_values_logged_by_step_before_a_patched_optimizers_first_step_are_written_meanwhile(tmp_path):
+    # An RL warm-up: the optimizer is patched, and steps only once the replay buffer is full; the
+    # rewards go by environment step. The first step in progress waits for its end (its values
+    # make one point), but its values of tags logged by step= ahead of it were held with it, and
+    # every later step of those tags behind them: none written until the close.
+    model = torch.nn.Linear(3, 1)
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    with tk.session(logdir=tmp_path, system_metrics=False, flush_secs=0.05) as s:
+        s.log("buffer", 1.0)  # logged by the step in progress: waits for its end
+        for t in range(1, 31):
+            s.log("env/reward", float(t), step=t)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(scalars(tmp_path).get("env/reward", [])) < 30:
+            time.sleep(0.05)
+        got = scalars(tmp_path)
+        assert got.get("env/reward", []) == [(t, float(t)) for t in range(1, 31)]
+        assert "buffer" not in got
+        s.log("buffer", 3.0)
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+    assert scalars(tmp_path)["buffer"] == [(1, 2.0)]
+
+
+def test_patching_while_the_writer_asks_whether_steps_are_coming_never_stops_it(tmp_path):
+    # The writer thread read the set of patched optimizers while the training thread patched
+    # more: "Set changed size during iteration" ended the writer, and the rest of the run was
+    # lost. Thread switches made frequent to meet the window within seconds (before: ~0.2 s).
+    import sys
+
+    param = torch.nn.Parameter(torch.zeros(1))
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with tk.session(logdir=tmp_path, system_metrics=False, flush_secs=0.05) as s:
+            keep = []
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline and s._recorder.failed is None:
+                keep.append(tk.patch(torch.optim.SGD([param], lr=0.1)))
+                if len(keep) > 200:
+                    for opt in keep[:100]:
+                        tk.unpatch(opt)
+                    del keep[:100]
+                s.log("x", 1.0)
+            assert s._recorder.failed is None
+    finally:
+        sys.setswitchinterval(interval)

@@ -214,11 +214,14 @@ class Recorder:
             # Stalled before any step was counted: the steps ahead are written, and the one in
             # progress too unless the session is going to count it (an accumulation window's
             # first micro-batches, a slow first batch): written now, it would show as one point
-            # for what it held so far, and another one at its end.
-            if stalled:
-                self._write_ahead(done + 1 if self.steps_coming() else done, near)
+            # for what it held so far, and another one at its end. Of that step, the tags that
+            # run ahead of it (logged by step=, an RL warm-up's rewards by environment step)
+            # are written all the same: no more comes to it of them.
+            if stalled and self.steps_coming():
+                self._write_running_ahead(done + 1)
+                self._write_ahead(done + 1, near)
             else:
-                self._write_ahead(near, near)
+                self._write_ahead(done if stalled else near, near)
         while self.meta:
             tag, step, text = self.meta.popleft()
             self.writer.write_text(tag, text, step=step)
@@ -253,6 +256,32 @@ class Recorder:
             end = combined.get(STEP_END)
             wall = time.time() if end is None else self._wall0 + (end - self._perf0)
             write(step=step, values=derive(combined), wall_time=wall)
+
+    def _write_running_ahead(self, step: int) -> None:
+        """Write the values of the open ``step`` (the first, in progress) whose tags a later open
+        step holds too: logged by ``step=`` ahead of the count, they get no more values here; the
+        rest waits for the step's end (see :meth:`_flush_rest`)."""
+        opened = self._open
+        tags = opened.get(step)
+        if not tags:
+            return
+        later = set()
+        for n, more in opened.items():
+            if n > step:
+                later.update(more)
+        ahead = {t: tags[t] for t in tags if t in later and not t.startswith(OWN_TAGS)}
+        if not ahead:
+            return
+        combined = _combine_step(dict(ahead), False)
+        if combined is None:  # a CUDA value not ready yet: a later flush writes it
+            return
+        for t in ahead:
+            del tags[t]
+        if not tags:
+            del opened[step]
+        if step == self._done0 + 1:  # no step counted yet: said at close
+            _unstepped.add(self.unstepped, ahead)
+        self.writer.write_scalars(step=step, values=derive(combined), wall_time=time.time())
 
     def _write_ahead(self, after: int, near: int) -> None:
         """Write the open steps past ``after``, ``_BEHIND`` steps past the one in progress: only
