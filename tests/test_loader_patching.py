@@ -222,3 +222,9 @@ def test_a_source_iterated_by_index_is_patched(tmp_path):
     assert items_per_step(tmp_path, _ByIndex(batches)) == {1: 2, 2: 5}
     with pytest.raises(TypeError, match="expected a torch.optim.Optimizer or an iterable"):
         tk.patch(object())
+    # A map-style Dataset iterates by index too, sample by sample: the DataLoader over it was meant
+    ds = torch.utils.data.TensorDataset(torch.zeros(4, 7))
+    with pytest.raises(TypeError, match=r"a map-style TensorDataset hands out single samples; "
+                                        r"patch the DataLoader that batches it"):
+        tk.patch(ds)
+    assert items_per_step(tmp_path / "iterable", torch.utils.data.DataLoader(ds, batch_size=4)) == {1: 4}

@@ -344,6 +344,12 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
     # A GAN's pair, tk.patch([opt_g, opt_d]): iterable, so it became a "loader" of optimizers,
     # and neither optimizer was patched (no step counted, nothing said).
     _refuse_optimizers_in_a_sequence(obj, "patch")
+    if isinstance(obj, torch.utils.data.Dataset) and not hasattr(obj, "__iter__"):
+        # Iterable by index, but sample by sample: the loader was meant (samples_per_s would
+        # count a sample's first dimension as its items)
+        raise TypeError(f"patch({brief(obj)}): a map-style {type(obj).__name__} hands out single "
+                        f"samples; patch the DataLoader that batches it, e.g. loader = "
+                        f"tk.patch(DataLoader(dataset, batch_size=64))")
     if isinstance(obj, (str, bytes, dict, torch.Tensor)):
         kind = type(obj).__name__
     elif isinstance(obj, torch.nn.Module):
