@@ -47,7 +47,8 @@ def test_a_patched_source_without_len_has_none_and_is_true():
     assert bool(p) and not hasattr(p, "__len__") and not isinstance(p, collections.abc.Sized)
     sized = tk.patch([])
     assert len(sized) == 0 and not sized and isinstance(sized, collections.abc.Sized)
-    assert isinstance(sized, PatchedLoader) and isinstance(p, PatchedLoader)  # tk.unpatch takes either
+    # both patched loaders: tk.unpatch takes either
+    assert isinstance(sized, PatchedLoader) and isinstance(p, PatchedLoader)
 
 
 def test_generator_source_without_len():
@@ -227,4 +228,124 @@ def test_a_source_iterated_by_index_is_patched(tmp_path):
     with pytest.raises(TypeError, match=r"a map-style TensorDataset hands out single samples; "
                                         r"patch the DataLoader that batches it"):
         tk.patch(ds)
-    assert items_per_step(tmp_path / "iterable", torch.utils.data.DataLoader(ds, batch_size=4)) == {1: 4}
+    dl = torch.utils.data.DataLoader(ds, batch_size=4)
+    assert items_per_step(tmp_path / "iterable", dl) == {1: 4}
+
+
+def _items_and_steps(logdir):
+    got = scalars(logdir)
+    steps = dict(got.get("trainkit/step_time_ms", []))
+    return {st: round(v * steps[st] / 1e3) for st, v in got.get("trainkit/samples_per_s", [])}
+
+
+def test_a_for_loop_goes_on_with_the_pass_next_began(tmp_path):
+    # An evaluation (batches are steps): the batch next() took was dropped as a loop left
+    # early when the for loop began a pass of its own, {1: 3, 2: 4, 3: 5}.
+    batches = [torch.zeros(n, 3) for n in (2, 3, 4, 5)]
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        it = tk.patch(iter(batches))
+        with torch.no_grad():
+            next(it)
+            time.sleep(0.005)
+            for _ in it:
+                time.sleep(0.005)
+    assert _items_and_steps(tmp_path) == {1: 2, 2: 3, 3: 4, 4: 5}
+
+
+def test_a_first_batch_under_no_grad_leaves_the_training_batches_counted(tmp_path):
+    # The pass next() began under no_grad (a look at shapes) was an evaluation's to its end:
+    # no training step had items.
+    import itertools
+
+    batches = [(torch.zeros(4, 3), torch.zeros(4))] * 3
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        tk.patch(opt)
+        it = tk.patch(itertools.cycle(batches))
+        with torch.no_grad():
+            model(next(it)[0])
+        for _ in range(4):
+            model(next(it)[0]).sum().backward()
+            opt.step()
+    assert set(_items_and_steps(tmp_path).values()) == {4} and len(_items_and_steps(tmp_path)) >= 3
+
+
+def test_a_validation_batch_taken_with_next_leaves_the_log_at_the_training_batchs_step(tmp_path):
+    import itertools
+
+    train = [(torch.full((4, 3), float(i)),) for i in range(1, 5)]
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        tk.patch(opt)
+        val = tk.patch(itertools.cycle([(torch.zeros(2, 3),)]))
+        for (x,) in tk.patch(train):
+            model(x).sum().backward()
+            opt.step()
+            with torch.no_grad():
+                model(next(val)[0])
+            s.log("batch", x[0, 0])
+    assert scalars(tmp_path)["batch"] == [(i, float(i)) for i in range(1, 5)]
+
+
+def test_next_as_on_the_source_when_the_source_rewinds_and_after_a_copy():
+    import copy
+    import pickle
+
+    class Rewinding:  # __iter__ starts over: next() on it does not call it
+        def __init__(self):
+            self.i = 0
+
+        def __iter__(self):
+            self.i = 0
+            return self
+
+        def __next__(self):
+            self.i += 1
+            if self.i > 3:
+                raise StopIteration
+            return self.i
+
+    src = Rewinding()
+    next(src)
+    p = tk.patch(src)
+    got = []
+    for _ in range(5):
+        try:
+            got.append(next(p))
+        except StopIteration:
+            got.append("stop")
+    assert got == [2, 3, "stop", "stop", "stop"]
+    gen = tk.patch(iter([1, 2, 3]))
+    assert next(gen) == 1
+    for twin in (pickle.loads(pickle.dumps(gen)), copy.deepcopy(gen)):
+        assert next(twin) == 2  # its own pass over its own copy of the source
+    assert next(gen) == 2
+
+
+def test_a_pass_next_began_in_one_session_is_a_new_one_in_the_next(tmp_path):
+    ds = torch.utils.data.TensorDataset(torch.zeros(64, 3))
+    dl = torch.utils.data.DataLoader(ds, batch_size=4)
+
+    class Wrap:  # the user's iterator holding the DataLoader
+        def __init__(self, loader):
+            self.loader, self.it = loader, iter(loader)
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return next(self.it)
+
+    it = tk.patch(Wrap(dl))
+    model = torch.nn.Linear(3, 1)
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    for k in range(2):
+        with tk.session(logdir=tmp_path / str(k), system_metrics=False):
+            for _ in range(3):
+                model(next(it)[0]).sum().backward()
+                opt.step()
+        got = scalars(tmp_path / str(k))
+        assert got["trainkit/loader/0/passes"] == [(1, 1.0)]
+        assert len(got["trainkit/samples_per_s"]) >= 2

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any, Iterator
+from typing import Any, Dict, Iterator
 
 from . import _compiled, timing
 from ._items import ItemsCounter
@@ -37,8 +37,10 @@ class PatchedLoader:
         #: override (``num_workers``, ``pin_memory``) asked for other settings.
         self.original = source if original is None else original
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self, _fresh: bool = True) -> Iterator[Any]:
         # Once per batch, between the user's torch calls: kept to one record and few lookups.
+        # ``_fresh``: the pass begins with iter(source), as a for loop does (next() on an
+        # iterator source does not: _Iterator).
         from torch import is_grad_enabled
 
         now = timing.now
@@ -51,6 +53,7 @@ class PatchedLoader:
         patched = _patched.data  # the WeakSet's own set: empty when no optimizer is patched
         tensor = count.tensor
         mine = 0  # the step of this pass's last batch (steps count from 1)
+        mine_s = None  # the session that step is of (a pass may outlive its session: next())
         n = None  # the items of this pass's last batch
         # Batches are steps: when this pass's last batch was handed out, and the quickest body
         # (hand-out to the next wait) of its earlier ones; they tell a loop left before any work
@@ -67,7 +70,7 @@ class PatchedLoader:
         # The first wait holds iter(): a DataLoader with workers starts them there, each epoch
         # without persistent_workers; the loop waits for that before its first batch.
         t0 = now()
-        it = iter(self.source)
+        it = iter(self.source) if _fresh else self.source
 
         if _in_a_wait():
             # This pass began inside another patched loader's wait: this one is wrapped in it
@@ -80,8 +83,8 @@ class PatchedLoader:
             ev0 = None
             if regions._TC._initialized:  # on a GPU a step that ends here ends as the wait begins
                 s = _S._active
-                if s is not None and (s._last_step_end is None
-                                      or (s._batch_pending and mine == s.step)):
+                if s is not None and (s._last_step_end is None or (
+                        s._batch_pending and mine_s is s and mine == s.step)):
                     ev0 = timing.cuda_event(timing.steps_device(s._cuda_device))
             try:
                 if tap._is_profiler_enabled:  # the wait shows as a named range in traces
@@ -91,8 +94,8 @@ class PatchedLoader:
                     batch = next(it)
             except BaseException as exc:  # the pass's end, or the source raised (goes on as is)
                 s = _S._active
-                if s is not None:
-                    if s._batch_pending and mine == s.step:
+                if s is not None and (mine_s is s or mine_s is None):
+                    if s._batch_pending and mine_s is s and mine == s.step:
                         s.end_batch_step(t0, ev0)
                     s._batch_step = _enclosing(outer, s)  # what comes after the loop
                 if isinstance(exc, StopIteration):
@@ -117,7 +120,7 @@ class PatchedLoader:
                 # already fed it; else this batch joins it (a loader zipped with another one).
                 if mine and t0 - handed < quickest:  # the quickest body of the pass so far
                     quickest = t0 - handed
-                if s._batch_pending and mine == s.step:
+                if s._batch_pending and mine_s is s and mine == s.step:
                     s._batch_pending = False
                     if regions._TC._initialized:
                         s.step_done(ev0 if ev0 is not None else timing.cuda_event(
@@ -125,6 +128,7 @@ class PatchedLoader:
                     else:
                         s.step_done(t0)
                 step = s._batch_step = mine = s.step
+                mine_s = s
                 # The common batch, (tensor, ...), counted inline; anything else by its path.
                 if count.first and (batch.__class__ is tuple or batch.__class__ is list):
                     first = batch[0] if batch else None
@@ -139,7 +143,7 @@ class PatchedLoader:
                 yield batch
             except GeneratorExit:  # the loop was left early (break, an exception)
                 s = _S._active
-                if s is not None:
+                if s is not None and s is mine_s:  # (not a later session's business)
                     left = now()
                     if mine != s.step:
                         pass  # a step ended since this batch: it was worked on, and is counted
@@ -300,21 +304,63 @@ class _Context:
 
 class _Iterator:
     """``next()`` as on a source that is an iterator (``tk.patch(itertools.cycle(loader))`` in a
-    loop that counts steps, a generator): the first ``next()`` begins a pass, and the later ones
-    go on with it; at its end the next call begins another (which ends at once, as the source
-    does). A ``for`` loop over the patched loader begins a pass of its own, over what is left."""
+    loop that counts steps, a generator): the first ``next()`` begins a pass over the source
+    itself (no ``iter()``, as ``next()`` on the source calls none), and the later ones go on
+    with it, each batch recorded as in a ``for`` loop; a ``for`` loop goes on with it too (a
+    ``break`` ends it, as a loop left early). A new pass begins where its context changed:
+    another session, or grad mode switched (a first batch taken under ``no_grad`` to look at
+    shapes would make the whole pass an evaluation's), and after the source ran out. A batch
+    taken under ``no_grad`` in a training loop (a validation batch) leaves what is logged next
+    to the training batch's step, as a validation pass nested in the loop does at its end."""
 
-    _next_pass: Any = None  # the pass next() goes on with (an instance's own once begun)
+    #: ``(pass, session, grad mode)`` of the pass next() goes on with (an instance's own)
+    _next_pass: Any = None
+
+    def __iter__(self) -> Iterator[Any]:
+        got = self._next_pass
+        if got is None or got[1] is not _S._active:
+            self._end_next_pass()
+            return PatchedLoader.__iter__(self)  # type: ignore[arg-type]
+        return self._go_on(got)
+
+    def _go_on(self, got: Any) -> Iterator[Any]:
+        try:
+            yield from got[0]
+        finally:  # run out, or left (closed: the pass is closed with it)
+            if self._next_pass is got:
+                self._next_pass = None
 
     def __next__(self) -> Any:
-        it = self._next_pass  # type: ignore[attr-defined]
-        if it is None:
-            it = self._next_pass = iter(self)
+        from torch import is_grad_enabled
+
+        got = self._next_pass
+        s = _S._active
+        grad = is_grad_enabled()
+        if got is None or got[1] is not s or got[2] is not grad:
+            self._end_next_pass()
+            began = PatchedLoader.__iter__(self, False)  # type: ignore[arg-type]
+            got = self._next_pass = (began, s, grad)
+        before = None if s is None else s._batch_step
         try:
-            return next(it)
+            batch = next(got[0])
         except StopIteration:
             self._next_pass = None
             raise
+        if not grad and s is not None and _patched.data and not s._batches_are_steps:
+            s._batch_step = before  # an evaluation's batch in training: no step of its own
+        return batch
+
+    def _end_next_pass(self) -> None:
+        got = self._next_pass
+        if got is not None:
+            self._next_pass = None
+            got[0].close()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # a copy (pickle, deepcopy) begins passes of its own: a generator cannot be copied
+        state = dict(self.__dict__)  # type: ignore[attr-defined]
+        state.pop("_next_pass", None)
+        return state
 
 
 class _ContextPatchedLoader(_Context, PatchedLoader):
@@ -356,4 +402,5 @@ def wrap(source: Any, original: Any) -> PatchedLoader:
     where the source is."""
     kind = type(source)
     context = hasattr(kind, "__enter__") and hasattr(kind, "__exit__")
-    return _CLASSES[(hasattr(source, "__len__"), context, hasattr(kind, "__next__"))](source, original)
+    cls = _CLASSES[(hasattr(source, "__len__"), context, hasattr(kind, "__next__"))]
+    return cls(source, original)
