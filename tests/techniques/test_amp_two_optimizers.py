@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -218,3 +219,41 @@ def test_an_inf_in_the_second_optimizer_of_one_backward_backs_the_scale_off() ->
     assert amp.step(opts[1]) is False  # skipped: inf
     assert scaler.get_scale() == 2.0 ** 9  # as torch's recipe: step(o1); step(o2); update()
     assert amp.skipped == 1
+
+
+@pytest.mark.parametrize("growth_interval", [1, 2000])
+def test_the_scale_follows_torchs_one_update_whichever_optimizers_find_inf(growth_interval) -> None:
+    # A second optimizer's inf backed the scale off from where the first's update left it: the
+    # scale was halved twice when both found inf ([16, 16, 4] where torch gives [16, 16, 8]),
+    # and backed off from the grown scale when the first's update grew it (64 where 32).
+    pattern = [(False, False), (False, True), (True, True), (True, False), (False, False),
+               (False, True), (True, True), (False, False)]
+
+    def run(trainkit: bool):
+        torch.manual_seed(0)
+        a, b = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
+        opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (a, b)]
+        scaler = torch.amp.GradScaler("cpu", init_scale=16.0, growth_interval=growth_interval)
+        x = torch.ones(3, 4)
+        scales = []
+        for inf_a, inf_b in pattern:
+            loss = a(x).float().mean() * (math.inf if inf_a else 1.0) \
+                + b(x).float().mean() * (math.inf if inf_b else 1.0)
+            if trainkit:
+                with tk.autocast_scaled(scaler, dtype="fp16") as amp:
+                    amp.backward(loss)
+                    assert amp.step(opts[0]) is not inf_a
+                    assert amp.step(opts[1]) is not inf_b
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opts[0])
+                scaler.step(opts[1])
+                scaler.update()
+            for o in opts:
+                o.zero_grad()
+            scales.append(scaler.get_scale())
+        return scales, [p.detach().clone() for p in (*a.parameters(), *b.parameters())]
+
+    (got, params), (want, ref) = run(True), run(False)
+    assert got == want
+    assert all(torch.equal(p, q) for p, q in zip(params, ref))

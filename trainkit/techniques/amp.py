@@ -173,14 +173,20 @@ class Amp:
             if acc is not None:
                 acc._amp_stepping = False
         if current is None or not stepped:
-            # This backward's update, or (its update made by another optimizer's step) this
-            # step's inf/nan, which backs the scale off as torch's one update after all steps
-            # does; the scale swapped in for the unscale is put back first (update is in place).
-            self.scaler._scale = self.scaler._scale if current is None else current
-            count = _updates.get(self.scaler, (0, None))[0]
-            before = self.scaler._scale.clone()  # no sync: a copy on the scale's device
+            count, backward = _updates.get(self.scaler, (0, None))
+            if current is None:  # this backward's update
+                before = backward = self.scaler._scale.clone()  # no sync: on the scale's device
+            else:
+                # Its update made by another optimizer's step, this step found inf/nan: torch's
+                # one update after all steps would have backed the scale off from the backward's
+                # (the first update may have grown it, or backed it off already), so this one
+                # starts there. The scale swapped in for the unscale is put back first (update
+                # works in place); the open windows' gradients are at the first update's scale.
+                self.scaler._scale = current
+                before = current.clone()
+                current.copy_(backward)
             self.scaler.update()
-            _updates[self.scaler] = (count + 1, before)
+            _updates[self.scaler] = (count + 1, backward)
             scales.updated(self.scaler, count, before, _open_blocks, gate)
         else:
             # No second update, and GradScaler keeps this optimizer "stepped" until one: its next
