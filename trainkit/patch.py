@@ -275,9 +275,15 @@ def _patch_optimizer(opt: Any, *, compile: bool) -> Any:
 
 
 def _unpatch_optimizer(opt: Any) -> Any:
-    p = opt.__dict__.pop(_ATTR, None)
+    p = opt.__dict__.get(_ATTR)
     if p is None:
         return opt
+    if p.gate is not None:  # unpatched, its step would step every micro-batch, undivided
+        raise ValueError(f"unpatch({brief(opt)}) inside tk.accumulate(...) on it: the block "
+                         f"holds its window's gradients and steps it every n-th call through "
+                         f"the patch; unpatch after the block, e.g. with tk.accumulate(4, opt): "
+                         f"... then tk.unpatch(opt)")
+    del opt.__dict__[_ATTR]
     p.live = False
     _restore_methods(opt.__dict__, p)
     _optstate.unguard(opt)

@@ -357,6 +357,7 @@ def test_no_final_step_without_gradients_and_previous_gate_restored():
         pass
     assert acc.steps == 0
     assert optimizer_patch(opt).gate is outer
+    optimizer_patch(opt).gate = None  # the outer context's end (unpatch is refused under a gate)
     tk.unpatch(opt)
 
 
@@ -560,3 +561,26 @@ def test_acc_stepped_after_the_block_says_whether_its_exit_stepped_a_short_last_
     assert sched.last_epoch == ref_sched.last_epoch == len(windows)
     assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"]
     assert max_rel_err(m, ref) < 1e-10
+
+
+def test_unpatch_inside_the_block_is_refused_and_the_windows_still_equal_the_big_batch():
+    # Unpatched mid-block, the optimizer stepped at every micro-batch on undivided sums (6 steps
+    # where 2), and the block's exit stepped again: nothing said.
+    base = model64()
+    data = batches([5] * 8)
+    oracle = big_batch_oracle(base, OPTS["sgd"], data, 4)
+    m = copy.deepcopy(base)
+    opt = OPTS["sgd"](m.parameters())
+    with tk.accumulate(4, opt) as acc:
+        for i, (x, y) in enumerate(data):
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            if i == 1:
+                with pytest.raises(ValueError, match=r"unpatch\(.*\) inside tk.accumulate.*"
+                                                     r"unpatch after the block"):
+                    tk.unpatch(opt)
+    assert acc.steps == 2 and max_rel_err(m, oracle) < 1e-10
+    assert optimizer_patch(opt) is not None
+    tk.unpatch(opt)  # after the block
+    assert optimizer_patch(opt) is None
