@@ -225,34 +225,37 @@ def test_an_inf_in_the_second_optimizer_of_one_backward_backs_the_scale_off() ->
 def test_the_scale_follows_torchs_one_update_whichever_optimizers_find_inf(growth_interval) -> None:
     # A second optimizer's inf backed the scale off from where the first's update left it: the
     # scale was halved twice when both found inf ([16, 16, 4] where torch gives [16, 16, 8]),
-    # and backed off from the grown scale when the first's update grew it (64 where 32).
-    pattern = [(False, False), (False, True), (True, True), (True, False), (False, False),
-               (False, True), (True, True), (False, False)]
+    # and backed off from the grown scale when the first's update grew it (64 where 32). A
+    # third optimizer after that update was unscaled by the backed-off scale (its update twice
+    # torch's) and made another update.
+    import itertools
+
+    pattern = [p for p in itertools.product((False, True), repeat=3) for _ in range(2)]
 
     def run(trainkit: bool):
         torch.manual_seed(0)
-        a, b = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
-        opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (a, b)]
+        models = [torch.nn.Linear(4, 1) for _ in range(3)]
+        opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
         scaler = torch.amp.GradScaler("cpu", init_scale=16.0, growth_interval=growth_interval)
         x = torch.ones(3, 4)
         scales = []
-        for inf_a, inf_b in pattern:
-            loss = a(x).float().mean() * (math.inf if inf_a else 1.0) \
-                + b(x).float().mean() * (math.inf if inf_b else 1.0)
+        for infs in pattern:
+            loss = sum(m(x).float().mean() * (math.inf if inf else 1.0)
+                       for m, inf in zip(models, infs))
             if trainkit:
                 with tk.autocast_scaled(scaler, dtype="fp16") as amp:
                     amp.backward(loss)
-                    assert amp.step(opts[0]) is not inf_a
-                    assert amp.step(opts[1]) is not inf_b
+                    for o, inf in zip(opts, infs):
+                        assert amp.step(o) is not inf
             else:
                 scaler.scale(loss).backward()
-                scaler.step(opts[0])
-                scaler.step(opts[1])
+                for o in opts:
+                    scaler.step(o)
                 scaler.update()
             for o in opts:
                 o.zero_grad()
             scales.append(scaler.get_scale())
-        return scales, [p.detach().clone() for p in (*a.parameters(), *b.parameters())]
+        return scales, [p.detach().clone() for m in models for p in m.parameters()]
 
     (got, params), (want, ref) = run(True), run(False)
     assert got == want

@@ -40,8 +40,10 @@ from ..recorder import AMP_SCALE, AMP_SKIPPED
 Dtype = Literal["auto", "bf16", "fp16", "fp32"]
 #: GradScaler -> steps it skipped so far (inf/nan gradients), across autocast_scaled blocks.
 _skipped: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
-#: GradScaler -> (updates amp.step made so far, a copy of its scale before the last one).
-_updates: "weakref.WeakKeyDictionary[Any, Tuple[int, Any]]" = weakref.WeakKeyDictionary()
+#: GradScaler -> (updates amp.step made so far, a copy of the scale the backward they followed
+#: ran at, and the updates made before that backward): several optimizers stepped on one
+#: backward (each amp.step of it after the first) unscale by the backward's scale.
+_updates: "weakref.WeakKeyDictionary[Any, Tuple[int, Any, int]]" = weakref.WeakKeyDictionary()
 _DTYPES = ("auto", "bf16", "fp16", "fp32")
 
 
@@ -78,7 +80,7 @@ class Amp:
         """
         warn_if_divided(loss)  # a second division by n inside tk.accumulate
         if self._scaling():
-            self._backward_at = _updates.get(self.scaler, (0, None))[0]
+            self._backward_at = _updates.get(self.scaler, (0, None, 0))[0]
             if len(_open_blocks) == 1:  # (with several open, whose gradients it scaled is
                 # not known): its window's end must unscale (amp.step), not step as they are
                 _open_blocks[0]._scaled = True
@@ -121,7 +123,7 @@ class Amp:
         if hasattr(gate, "_grads_at") and self._backward_at is not None:
             # an accumulate block's window: its gradients at the scale in force (_amp_scales)
             scales.align(gate, self.scaler, self._backward_at,
-                         _updates.get(self.scaler, (0, None))[0], optimizer)
+                         _updates.get(self.scaler, (0, None, 0))[0], optimizer)
         if not boundary:  # inside a window: no unscale, no update, the gate counts the call
             optimizer.step()
             gate.amp_step = lambda: self._real_step(optimizer, clip_grad_norm, gate)
@@ -142,8 +144,8 @@ class Amp:
         # by the scale before it, and no second update is made (torch's recipe: one a backward).
         # An accumulate block's window gradients follow the scale (_amp_scales): they are at the
         # scale in force, and only the update is not made again.
-        count, before = _updates.get(self.scaler, (0, None)) if scaling else (0, None)
-        stale = before is not None and self._backward_at == count - 1
+        count, before, at = _updates.get(self.scaler, (0, None, 0)) if scaling else (0, None, 0)
+        stale = before is not None and self._backward_at == at < count
         current = self.scaler._scale if stale else None
         at = getattr(gate, "_grads_at", None)
         swap = stale and not (at is not None and at[0] is self.scaler and at[1] == count)
@@ -173,9 +175,10 @@ class Amp:
             if acc is not None:
                 acc._amp_stepping = False
         if current is None or not stepped:
-            count, backward = _updates.get(self.scaler, (0, None))
+            count, backward, at = _updates.get(self.scaler, (0, None, 0))
             if current is None:  # this backward's update
                 before = backward = self.scaler._scale.clone()  # no sync: on the scale's device
+                at = count
             else:
                 # Its update made by another optimizer's step, this step found inf/nan: torch's
                 # one update after all steps would have backed the scale off from the backward's
@@ -186,7 +189,7 @@ class Amp:
                 before = current.clone()
                 current.copy_(backward)
             self.scaler.update()
-            _updates[self.scaler] = (count + 1, backward)
+            _updates[self.scaler] = (count + 1, backward, at)
             scales.updated(self.scaler, count, before, _open_blocks, gate)
         else:
             # No second update, and GradScaler keeps this optimizer "stepped" until one: its next
