@@ -225,8 +225,8 @@ def test_a_source_iterated_by_index_is_patched(tmp_path):
         tk.patch(object())
     # A map-style Dataset iterates by index too, sample by sample: the DataLoader over it was meant
     ds = torch.utils.data.TensorDataset(torch.zeros(4, 7))
-    with pytest.raises(TypeError, match=r"a map-style TensorDataset hands out single samples; "
-                                        r"patch the DataLoader that batches it"):
+    with pytest.raises(TypeError, match=r"a map-style TensorDataset is what a DataLoader takes "
+                                        r"samples from; patch the DataLoader that batches it"):
         tk.patch(ds)
     dl = torch.utils.data.DataLoader(ds, batch_size=4)
     assert items_per_step(tmp_path / "iterable", dl) == {1: 4}
@@ -349,3 +349,54 @@ def test_a_pass_next_began_in_one_session_is_a_new_one_in_the_next(tmp_path):
         got = scalars(tmp_path / str(k))
         assert got["trainkit/loader/0/passes"] == [(1, 1.0)]
         assert len(got["trainkit/samples_per_s"]) >= 2
+
+
+def test_a_validation_iterator_that_runs_out_leaves_the_log_at_the_training_batchs_step(tmp_path):
+    # try: next(val) except StopIteration: val = tk.patch(iter(vals)): at each run-out the value
+    # logged next went a step on, merged into the next step's mean.
+    vals = [(torch.zeros(2, 3),)] * 2
+    train = [(torch.full((4, 3), float(i)),) for i in range(1, 7)]
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        tk.patch(opt)
+        val = tk.patch(iter(vals))
+        for (x,) in tk.patch(train):
+            model(x).sum().backward()
+            opt.step()
+            with torch.no_grad():
+                try:
+                    vb = next(val)
+                except StopIteration:
+                    val = tk.patch(iter(vals))
+                    vb = next(val)
+                model(vb[0])
+            s.log("batch", x[0, 0])
+    assert scalars(tmp_path)["batch"] == [(i, float(i)) for i in range(1, 7)]
+
+
+def test_next_under_no_grad_inside_a_for_loop_over_the_same_pass_leaves_the_loop_going():
+    # It ended the pass the for loop read (grad mode changed), and the loop stopped, unsaid.
+    it = tk.patch(iter(range(8)))
+    seen = [next(it)]
+    for b in it:
+        seen.append(b)
+        if b == 3:
+            with torch.no_grad():
+                seen.append(("val", next(it)))
+    assert seen == [0, 1, 2, 3, ("val", 4), 5, 6, 7]
+
+
+def test_a_batch_peeked_under_no_grad_before_a_for_loop_leaves_its_batches_counted(tmp_path):
+    batches = [(torch.zeros(4, 3),)] * 6
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        tk.patch(opt)
+        it = tk.patch(iter(batches))
+        with torch.no_grad():
+            model(next(it)[0])  # a look at shapes: no step
+        for (x,) in it:
+            model(x).sum().backward()
+            opt.step()
+    assert _items_and_steps(tmp_path) == {n: 4 for n in range(1, 6)}

@@ -61,7 +61,9 @@ def message(counts: Dict[str, int], step: int, *, batches: bool = False,
         return head + (
             f"The patched loader's batches were no steps because the patched "
             f"{' and '.join(sorted(set(waiting)))} was to step (each optimizer.step() is a step) "
-            "and never did: in training, check that the loop reaches optimizer.step(); for an "
+            "and never did: in training, check that the loop reaches optimizer.step() (and that "
+            "a GradScaler does not skip every step for inf/nan gradients: "
+            "trainkit/amp/skipped_steps); for an "
             "evaluation, run it under torch.no_grad() (each batch is then a step), or pass step= "
             "to s.log")
     return head + (

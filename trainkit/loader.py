@@ -313,20 +313,25 @@ class _Iterator:
     taken under ``no_grad`` in a training loop (a validation batch) leaves what is logged next
     to the training batch's step, as a validation pass nested in the loop does at its end."""
 
-    #: ``(pass, session, grad mode)`` of the pass next() goes on with (an instance's own)
+    #: ``[pass, session, grad mode, a for loop reads it]`` of the pass next() goes on with (an
+    #: instance's own)
     _next_pass: Any = None
 
     def __iter__(self) -> Iterator[Any]:
+        from torch import is_grad_enabled
+
         got = self._next_pass
-        if got is None or got[1] is not _S._active:
+        if got is None or got[1] is not _S._active or got[2] is not is_grad_enabled():
             self._end_next_pass()
             return PatchedLoader.__iter__(self)  # type: ignore[arg-type]
         return self._go_on(got)
 
     def _go_on(self, got: Any) -> Iterator[Any]:
+        got[3] = True  # next() in its body (a validation batch under no_grad) goes on with it
         try:
             yield from got[0]
         finally:  # run out, or left (closed: the pass is closed with it)
+            got[3] = False
             if self._next_pass is got:
                 self._next_pass = None
 
@@ -336,19 +341,20 @@ class _Iterator:
         got = self._next_pass
         s = _S._active
         grad = is_grad_enabled()
-        if got is None or got[1] is not s or got[2] is not grad:
+        if got is None or got[1] is not s or (got[2] is not grad and not got[3]):
             self._end_next_pass()
             began = PatchedLoader.__iter__(self, False)  # type: ignore[arg-type]
-            got = self._next_pass = (began, s, grad)
+            got = self._next_pass = [began, s, grad, False]
         before = None if s is None else s._batch_step
         try:
-            batch = next(got[0])
+            return next(got[0])
         except StopIteration:
-            self._next_pass = None
+            if self._next_pass is got:
+                self._next_pass = None
             raise
-        if not grad and s is not None and _patched.data and not s._batches_are_steps:
-            s._batch_step = before  # an evaluation's batch in training: no step of its own
-        return batch
+        finally:
+            if not grad and s is not None and _patched.data and not s._batches_are_steps:
+                s._batch_step = before  # an evaluation's batch in training: no step of its own
 
     def _end_next_pass(self) -> None:
         got = self._next_pass

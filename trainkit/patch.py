@@ -353,9 +353,10 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
     if isinstance(obj, torch.utils.data.Dataset) and not hasattr(obj, "__iter__"):
         # Iterable by index, but sample by sample: the loader was meant (samples_per_s would
         # count a sample's first dimension as its items)
-        raise TypeError(f"patch({brief(obj)}): a map-style {type(obj).__name__} hands out single "
-                        f"samples; patch the DataLoader that batches it, e.g. loader = "
-                        f"tk.patch(DataLoader(dataset, batch_size=64))")
+        raise TypeError(f"patch({brief(obj)}): a map-style {type(obj).__name__} is what a "
+                        f"DataLoader takes samples from; patch the DataLoader that batches it, "
+                        f"e.g. loader = tk.patch(DataLoader(dataset, batch_size=64)) (a dataset "
+                        f"whose items are whole batches: tk.patch(iter(dataset)))")
     if isinstance(obj, (str, bytes, dict, torch.Tensor)):
         kind = type(obj).__name__
     elif isinstance(obj, torch.nn.Module):
