@@ -144,8 +144,8 @@ class Amp:
         # by the scale before it, and no second update is made (torch's recipe: one a backward).
         # An accumulate block's window gradients follow the scale (_amp_scales): they are at the
         # scale in force, and only the update is not made again.
-        count, before, at = _updates.get(self.scaler, (0, None, 0)) if scaling else (0, None, 0)
-        stale = before is not None and self._backward_at == at < count
+        count, before, ran_at = _updates.get(self.scaler, (0, None, 0)) if scaling else (0, None, 0)
+        stale = before is not None and self._backward_at == ran_at < count
         current = self.scaler._scale if stale else None
         at = getattr(gate, "_grads_at", None)
         swap = stale and not (at is not None and at[0] is self.scaler and at[1] == count)
@@ -175,10 +175,10 @@ class Amp:
             if acc is not None:
                 acc._amp_stepping = False
         if current is None or not stepped:
-            count, backward, at = _updates.get(self.scaler, (0, None, 0))
+            count, backward, ran_at = _updates.get(self.scaler, (0, None, 0))
             if current is None:  # this backward's update
                 before = backward = self.scaler._scale.clone()  # no sync: on the scale's device
-                at = count
+                ran_at = count
             else:
                 # Its update made by another optimizer's step, this step found inf/nan: torch's
                 # one update after all steps would have backed the scale off from the backward's
@@ -189,7 +189,7 @@ class Amp:
                 before = current.clone()
                 current.copy_(backward)
             self.scaler.update()
-            _updates[self.scaler] = (count + 1, backward, at)
+            _updates[self.scaler] = (count + 1, backward, ran_at)
             scales.updated(self.scaler, count, before, _open_blocks, gate)
         else:
             # No second update, and GradScaler keeps this optimizer "stepped" until one: its next
