@@ -256,9 +256,12 @@ def load_run(logdir: str, folder: str) -> Run:
         return Run(name=name, path=folder, scalars=read_scalars(folder, list(sessions), meta=got),
                    traces=tuple(traces), sessions=sessions, meta=got)
     meta: Dict[str, Dict[str, str]] = {f: {} for f in sessions}
-    scalars, shown = _merge_sessions([(f, read_scalars(folder, [f], meta=meta[f]))
-                                      for f in sessions])
-    hidden = tuple(f for f in sessions if f not in shown)
+    read = [(f, read_scalars(folder, [f], meta=meta[f])) for f in sessions]
+    scalars, shown = _merge_sessions(read)
+    # A session that wrote no scalar (killed before its first flush: the versions text alone)
+    # hides nothing in TensorBoard, and is no session the analysis leaves out
+    empty = {f for f, got in read if not any(got.values())}
+    hidden = tuple(f for f in sessions if f not in shown and f not in empty)
     started = session_start(os.path.join(folder, shown[0])) if hidden and shown else None
     earlier: List[str] = []
     if started is not None:
