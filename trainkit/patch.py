@@ -333,7 +333,8 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
     """
     import torch
 
-    from .loader import PatchedLoader, wrap
+    from ._loader_kinds import check_loader, wrap
+    from .loader import PatchedLoader
 
     if not isinstance(compile, bool):
         raise TypeError(f"patch(..., compile={compile!r}): compile must be True or False")
@@ -346,30 +347,10 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
         return _patch_optimizer(obj, compile=compile)
     if isinstance(obj, PatchedLoader):
         return obj
-    kind = None
     # A GAN's pair, tk.patch([opt_g, opt_d]): iterable, so it became a "loader" of optimizers,
     # and neither optimizer was patched (no step counted, nothing said).
     _refuse_optimizers_in_a_sequence(obj, "patch")
-    if isinstance(obj, torch.utils.data.Dataset) and not hasattr(obj, "__iter__"):
-        # Iterable by index, but sample by sample: the loader was meant (samples_per_s would
-        # count a sample's first dimension as its items)
-        raise TypeError(f"patch({brief(obj)}): a map-style {type(obj).__name__} is what a "
-                        f"DataLoader takes samples from; patch the DataLoader that batches it, "
-                        f"e.g. loader = tk.patch(DataLoader(dataset, batch_size=64)) (a dataset "
-                        f"whose items are whole batches: tk.patch(iter(dataset)))")
-    if isinstance(obj, (str, bytes, dict, torch.Tensor)):
-        kind = type(obj).__name__
-    elif isinstance(obj, torch.nn.Module):
-        kind = "a model (nn.Module)"
-    elif not hasattr(obj, "__iter__") and not hasattr(type(obj), "__getitem__"):
-        # iterable as Python iterates: by __iter__, or by index (__getitem__ from 0 to IndexError)
-        kind = type(obj).__name__
-        if isinstance(getattr(obj, "__self__", getattr(obj, "optimizer", None)),
-                      torch.optim.Optimizer):  # a scheduler, or optimizer.step
-            kind += " of an optimizer: patch the optimizer itself"
-    if kind is not None:
-        raise TypeError(f"patch({brief(obj)}): expected a torch.optim.Optimizer or an iterable data "
-                        f"loader, got {kind}; e.g. tk.patch(optimizer) and loader = tk.patch(loader)")
+    check_loader(obj)
     if compile:
         raise TypeError("patch(loader, compile=True): compile applies to optimizers only, "
                         "e.g. tk.patch(optimizer, compile=True)")

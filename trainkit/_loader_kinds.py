@@ -1,0 +1,160 @@
+"""The kinds of patched loader: ``tk.patch(loader)`` gives one that is sized, a context
+manager, and an iterator (``next()``) where its source is (:func:`wrap`), and refuses what no
+loop should be given as a loader (:func:`check_loader`). The per-batch recording is
+:class:`trainkit.loader.PatchedLoader`'s."""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator
+
+from ._text import brief
+from .loader import _S, _patched, PatchedLoader, SizedPatchedLoader
+
+
+def check_loader(obj: Any) -> None:
+    """Raise TypeError for what ``tk.patch`` takes for no data loader (before anything changes)."""
+    import torch
+
+    if isinstance(obj, torch.utils.data.Dataset) and not hasattr(obj, "__iter__"):
+        # Iterable by index, but sample by sample: the loader was meant (samples_per_s would
+        # count a sample's first dimension as its items)
+        raise TypeError(f"patch({brief(obj)}): a map-style {type(obj).__name__} is what a "
+                        f"DataLoader takes samples from; patch the DataLoader that batches it, "
+                        f"e.g. loader = tk.patch(DataLoader(dataset, batch_size=64)) (a dataset "
+                        f"whose items are whole batches: tk.patch(iter(dataset)))")
+    kind = None
+    if isinstance(obj, (str, bytes, dict, torch.Tensor)):
+        kind = type(obj).__name__
+    elif isinstance(obj, torch.nn.Module):
+        kind = "a model (nn.Module)"
+    elif not hasattr(obj, "__iter__") and not hasattr(type(obj), "__getitem__"):
+        # iterable as Python iterates: by __iter__, or by index (__getitem__ from 0 to IndexError)
+        kind = type(obj).__name__
+        if isinstance(getattr(obj, "__self__", getattr(obj, "optimizer", None)),
+                      torch.optim.Optimizer):  # a scheduler, or optimizer.step
+            kind += " of an optimizer: patch the optimizer itself"
+    if kind is not None:
+        raise TypeError(f"patch({brief(obj)}): expected a torch.optim.Optimizer or an iterable data "
+                        f"loader, got {kind}; e.g. tk.patch(optimizer) and loader = tk.patch(loader)")
+
+
+class _Context:
+    """``with`` as on a source that is a context manager (a tqdm bar: ``with tqdm(loader) as
+    bar``): the source's ``__enter__`` and ``__exit__`` run, and a source that enters as itself
+    enters as this loader, so the batches iterated in the block are recorded."""
+
+    def __enter__(self) -> Any:
+        got = self.source.__enter__()  # type: ignore[attr-defined]
+        return self if got is self.source else got  # type: ignore[attr-defined]
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self.source.__exit__(*exc)  # type: ignore[attr-defined]
+
+
+class _Iterator:
+    """``next()`` as on a source that is an iterator (``tk.patch(itertools.cycle(loader))`` in a
+    loop that counts steps, a generator): the first ``next()`` begins a pass over the source
+    itself (no ``iter()``, as ``next()`` on the source calls none), and the later ones go on
+    with it, each batch recorded as in a ``for`` loop; a ``for`` loop goes on with it too (a
+    ``break`` ends it, as a loop left early). A new pass begins where its context changed:
+    another session, or grad mode switched (a first batch taken under ``no_grad`` to look at
+    shapes would make the whole pass an evaluation's), and after the source ran out. A batch
+    taken under ``no_grad`` in a training loop (a validation batch) leaves what is logged next
+    to the training batch's step, as a validation pass nested in the loop does at its end."""
+
+    #: ``[pass, session, grad mode, a for loop reads it]`` of the pass next() goes on with (an
+    #: instance's own)
+    _next_pass: Any = None
+
+    def __iter__(self) -> Iterator[Any]:
+        from torch import is_grad_enabled
+
+        got = self._next_pass
+        if got is None or got[1] is not _S._active or got[2] is not is_grad_enabled():
+            self._end_next_pass()
+            return PatchedLoader.__iter__(self)  # type: ignore[arg-type]
+        return self._go_on(got)
+
+    def _go_on(self, got: Any) -> Iterator[Any]:
+        got[3] = True  # next() in its body (a validation batch under no_grad) goes on with it
+        try:
+            yield from got[0]
+        finally:  # run out, or left (closed: the pass is closed with it)
+            got[3] = False
+            if self._next_pass is got:
+                self._next_pass = None
+
+    def __next__(self) -> Any:
+        from torch import is_grad_enabled
+
+        got = self._next_pass
+        s = _S._active
+        grad = is_grad_enabled()
+        if got is None or got[1] is not s or (got[2] is not grad and not got[3]):
+            self._end_next_pass()
+            began = PatchedLoader.__iter__(self, False)  # type: ignore[arg-type]
+            got = self._next_pass = [began, s, grad, False]
+        before = None if s is None else s._batch_step
+        try:
+            return next(got[0])
+        except StopIteration:
+            if self._next_pass is got:
+                self._next_pass = None
+            raise
+        finally:
+            if not grad and s is not None and _patched.data and not s._batches_are_steps:
+                s._batch_step = before  # an evaluation's batch in training: no step of its own
+
+    def _end_next_pass(self) -> None:
+        got = self._next_pass
+        if got is not None:
+            self._next_pass = None
+            got[0].close()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # a copy (pickle, deepcopy) begins passes of its own: a generator cannot be copied
+        state = dict(self.__dict__)  # type: ignore[attr-defined]
+        state.pop("_next_pass", None)
+        return state
+
+
+class _ContextPatchedLoader(_Context, PatchedLoader):
+    pass
+
+
+class _SizedContextPatchedLoader(_Context, SizedPatchedLoader):
+    pass
+
+
+class _IteratorPatchedLoader(_Iterator, PatchedLoader):
+    pass
+
+
+class _SizedIteratorPatchedLoader(_Iterator, SizedPatchedLoader):
+    pass
+
+
+class _ContextIteratorPatchedLoader(_Iterator, _ContextPatchedLoader):
+    pass
+
+
+class _SizedContextIteratorPatchedLoader(_Iterator, _SizedContextPatchedLoader):
+    pass
+
+
+#: (sized, a context manager, an iterator) -> the patched loader's class
+_CLASSES = {
+    (False, False, False): PatchedLoader, (True, False, False): SizedPatchedLoader,
+    (False, True, False): _ContextPatchedLoader, (True, True, False): _SizedContextPatchedLoader,
+    (False, False, True): _IteratorPatchedLoader, (True, False, True): _SizedIteratorPatchedLoader,
+    (False, True, True): _ContextIteratorPatchedLoader,
+    (True, True, True): _SizedContextIteratorPatchedLoader,
+}
+
+
+def wrap(source: Any, original: Any) -> PatchedLoader:
+    """The patched loader of ``source``: sized, a context manager, and an iterator (``next()``),
+    where the source is."""
+    kind = type(source)
+    context = hasattr(kind, "__enter__") and hasattr(kind, "__exit__")
+    cls = _CLASSES[(hasattr(source, "__len__"), context, hasattr(kind, "__next__"))]
+    return cls(source, original)
