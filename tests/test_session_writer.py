@@ -297,10 +297,10 @@ def test_on_a_gpu_a_batch_step_holds_its_own_wait(tmp_path):
 
 
 def test_a_failed_write_is_blamed_on_the_disk_only_when_the_disk_failed():
-    from trainkit.recorder import _warn_lost
+    from trainkit._runfile import warn_lost
 
     with pytest.warns(RuntimeWarning, match=r"failed \(OSError: \[Errno 28\] No space.*Free some space"):
-        _warn_lost("runs/x/events", OSError(28, "No space left on device"), "dropped")
+        warn_lost("runs/x/events", OSError(28, "No space left on device"), "dropped")
     with pytest.warns(RuntimeWarning, match=r"failed \(UnicodeEncodeError.*This is a trainkit bug") as got:
-        _warn_lost("runs/x/events", UnicodeEncodeError("utf-8", "\udce9", 0, 1, "surrogates"), "dropped")
+        warn_lost("runs/x/events", UnicodeEncodeError("utf-8", "\udce9", 0, 1, "surrogates"), "dropped")
     assert "Free some space" not in str(got[0].message)

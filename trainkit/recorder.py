@@ -18,6 +18,7 @@ from typing import Any, Callable, Deque, Dict, Optional
 from . import _env, _unstepped, timing
 from .sinks import tensorboard as _tb
 from .sinks.tensorboard import EventFileWriter
+from ._runfile import META_VERSIONS, versions, warn_lost
 from ._steps import add_value as _add, combine_step as _combine_step, derive
 # The record format lives in trainkit._tags; everything that records imports it from here.
 from ._tags import (AMP_SCALE, AMP_SKIPPED, BATCH_REC, CLOSURE_MS, COMPILE_RECOMPILES,
@@ -70,7 +71,7 @@ class Recorder:
         # The file is trainkit's from its first write: a run killed before its first flush (a
         # SIGKILL, the OOM killer while the model loads) is still a run that counted no steps
         # for the analysis (TA110) and the tab, not a folder of somebody else's event files.
-        self.writer.write_text(META_VERSIONS, _versions(), step=0)
+        self.writer.write_text(META_VERSIONS, versions(), step=0)
         self.writer.flush()
         self.failed: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._run, name="trainkit-writer", daemon=True)
@@ -127,7 +128,7 @@ class Recorder:
     def _failed(self, exc: BaseException) -> None:
         if self.failed is None:  # said once
             self.failed = exc
-            _warn_lost(self.writer.path, exc, "what is recorded from now on is dropped")
+            warn_lost(self.writer.path, exc, "what is recorded from now on is dropped")
 
     def flush(self, *, final: bool, slack: int = 0, stalled: bool = False) -> None:
         """Write every completed step (every step, waiting for the GPU, when ``final``).
@@ -356,7 +357,7 @@ class Recorder:
                 self._open.clear()
                 if self.failed is None:
                     self.failed = exc
-                    _warn_lost(self.writer.path, exc, "the run's last records are lost")
+                    warn_lost(self.writer.path, exc, "the run's last records are lost")
                 try:
                     self.writer.close()
                 except Exception:  # closed as far as it can be
@@ -372,43 +373,8 @@ def _never() -> bool:
     return False
 
 
-#: the text summary each session's event file starts with: the versions that recorded it
-META_VERSIONS = PREFIX + "meta/versions"
-
-
-def _versions() -> str:
-    """JSON: trainkit's, Python's and (when imported: never imported for this) torch's versions."""
-    import json
-    import platform
-    import sys
-
-    from . import __version__
-
-    got = {"trainkit": __version__, "python": platform.python_version()}
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        got["torch"] = str(getattr(torch, "__version__", "?"))
-    return json.dumps(got, sort_keys=True)
-
-
 #: A flush writes a completed step early, mid-pass, once a record this many steps later shows up.
 _BEHIND = 8
-
-
-def _warn_lost(path: str, exc: BaseException, what: str) -> None:
-    """Say that the event file cannot be written (once per session): a warning, since the
-    training itself is fine and must go on (and a user's own exception must not be replaced)."""
-    import warnings
-
-    if isinstance(exc, OSError):  # the disk or the folder
-        fix = "Free some space (or fix the folder) and start a new tk.session to record again"
-    else:  # no file system's: trainkit's own failure
-        fix = ("This is a trainkit bug: please report it with this message; a new tk.session "
-               "records again")
-    warnings.warn(f"trainkit: writing the run to {path!r} failed ({type(exc).__name__}: {exc}); "
-                  f"{what}, the training goes on. {fix}", RuntimeWarning, stacklevel=2)
-
-
 
 
 def _load_speedups() -> Any:

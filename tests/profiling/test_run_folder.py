@@ -178,13 +178,13 @@ def test_a_relaunch_killed_before_its_first_flush_hides_nothing(tmp_path):
     """A relaunch into the folder killed at once (its file: the header and the versions text)
     shows nothing in TensorBoard and hides nothing there: no TA111, and the run before it is the
     one analyzed (as before the versions text, when such a file held no trainkit tag)."""
-    from trainkit.recorder import META_VERSIONS, _versions
+    from trainkit._runfile import META_VERSIONS, versions
 
     run = str(tmp_path / "a")
     train(run, steps=8, each_step=gc.collect)
     next_second()
     w = EventFileWriter(run)
-    w.write_text(META_VERSIONS, _versions(), step=0)
+    w.write_text(META_VERSIONS, versions(), step=0)
     w.close()
     loaded = runs.load_run(str(tmp_path), run)
     assert len(loaded.sessions) == 2 and loaded.hidden == ()
