@@ -299,30 +299,6 @@ class Session(StepCounter):
     def _completed(self) -> int:
         return self.step - 1
 
-    def _steps_coming(self) -> bool:
-        """Whether the step in progress is one this session is going to count: a patched loader
-        handed out its batch, or an optimizer patched for this session has yet to step.
-
-        Asked by the writer thread, while the training thread may patch and unpatch: it reads a
-        copy of the patched optimizers' set (a C copy, which no other thread changes midway)."""
-        if self._batch_step is not None:
-            return True
-        from .patch import _patched, optimizer_patch
-
-        try:
-            refs = _patched.data.copy()
-        except RuntimeError:  # changed meanwhile: an optimizer patched or freed just now
-            return True
-        for ref in refs:
-            opt = ref()
-            p = optimizer_patch(opt) if opt is not None else None
-            if p is None:  # freed, or unpatched since
-                continue
-            last = p.session
-            if last is None or last() is self:
-                return True
-        return False
-
     def on_close(self, undo: Callable[[], None]) -> None:
         """Run ``undo`` when the session closes (restores backend flags a technique changed)."""
         if self._closed:  # it would never run: what it undoes would stay
@@ -415,7 +391,9 @@ def session(logdir: Optional[Union[str, "os.PathLike[str]"]] = None, *, profile:
         steps_done: optimizer steps the run did before this session: for a run resumed from a
             checkpoint, the step count saved in it. Steps are numbered on from there, into the
             same ``logdir``: TensorBoard (and ``trainkit analyze``) show one run, and the steps
-            after the checkpoint that the stopped session had recorded are dropped from view.
+            after the checkpoint that the stopped session had recorded are dropped from view
+            (by TensorBoard's default loader, only where the resumed session writes their tags
+            again: see the README).
 
     Example::
 
