@@ -108,24 +108,10 @@ class StepCounter:
 
     def _steps_coming(self) -> bool:
         """Whether the step in progress is one this session is going to count: a patched loader
-        handed out its batch, or an optimizer patched for this session has yet to step.
-
-        Asked by the writer thread, while the training thread may patch and unpatch: it reads a
-        copy of the patched optimizers' set (a C copy, which no other thread changes midway)."""
+        handed out its batch, or an optimizer patched for this session has yet to step (asked
+        by the writer thread: :func:`trainkit.patch.stepped_elsewhere` reads a copy of the set)."""
         if self._batch_step is not None:
             return True
-        from .patch import _patched, optimizer_patch
+        from .patch import _patched, stepped_elsewhere
 
-        try:
-            refs = _patched.data.copy()
-        except RuntimeError:  # changed meanwhile: an optimizer patched or freed just now
-            return True
-        for ref in refs:
-            opt = ref()
-            p = optimizer_patch(opt) if opt is not None else None
-            if p is None:  # freed, or unpatched since
-                continue
-            last = p.session
-            if last is None or last() is self:
-                return True
-        return False
+        return bool(_patched) and not stepped_elsewhere(self)

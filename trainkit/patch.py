@@ -206,10 +206,22 @@ class OptimizerPatch:
 
 def stepped_elsewhere(s: Any) -> bool:
     """Whether every patched optimizer last stepped in a session other than ``s`` (and so far
-    none in ``s``): then ``s`` looks like an evaluation, and its loader's batches its steps."""
-    for opt in list(_patched):
-        ref = optimizer_patch(opt).session
-        if ref is None or ref() is s:
+    none in ``s``): then ``s`` looks like an evaluation, and its loader's batches its steps.
+
+    The writer thread asks too (:meth:`StepCounter._steps_coming`), while the training thread
+    may patch and unpatch: it reads a copy of the set (a C copy, which no other thread changes
+    midway), and an optimizer unpatched or freed since is left out."""
+    try:
+        refs = _patched.data.copy()
+    except RuntimeError:  # changed meanwhile: an optimizer patched or freed just now
+        return False
+    for ref in refs:
+        opt = ref()
+        p = optimizer_patch(opt) if opt is not None else None
+        if p is None:
+            continue
+        last = p.session
+        if last is None or last() is s:
             return False
     return True
 
