@@ -400,3 +400,30 @@ def test_a_batch_peeked_under_no_grad_before_a_for_loop_leaves_its_batches_count
             model(x).sum().backward()
             opt.step()
     assert _items_and_steps(tmp_path) == {n: 4 for n in range(1, 6)}
+
+
+def test_a_copy_of_a_patched_loader_is_the_patch_of_a_copy_of_its_source(tmp_path):
+    # copy.copy shared the source: next() on the copy took the original's batches, and a list
+    # appended to through one showed in the other, where unpatched copies are independent.
+    import copy
+    import itertools
+
+    def taken(make):  # next() on the original, then 3 on its copy, then 1 on the original
+        it = make()
+        first = next(it)
+        twin = copy.copy(it)
+        return first, [next(twin) for _ in range(3)], next(it)
+
+    for make in (lambda: iter([1, 2, 3, 4]), lambda: itertools.cycle([1, 2, 3])):
+        assert taken(lambda: tk.patch(make())) == taken(make)
+    assert taken(lambda: tk.patch(iter([1, 2, 3, 4]))) == (1, [2, 3, 4], 2)  # independent
+    it = tk.patch(iter([1]))
+    assert type(copy.copy(it)) is type(it)
+    batches = [(torch.zeros(2, 3),)]
+    p = tk.patch(batches)
+    q = copy.copy(p)
+    q.append((torch.zeros(5, 3),))  # a list's copy is a new list, as unpatched
+    assert len(p) == 1 and len(q) == 2 and p.source is batches
+    assert items_per_step(tmp_path, q) == {1: 2, 2: 5}  # and a patched loader like any other
+    with pytest.raises(TypeError, match="generator"):  # as copy.copy(generator) itself raises
+        copy.copy(tk.patch(b for b in batches))

@@ -193,6 +193,18 @@ class PatchedLoader:
         else:
             delattr(self.source, name)
 
+    def __copy__(self) -> "PatchedLoader":
+        # As unpatched: the patch of the source's own copy (copy.copy(itertools.cycle(...)) goes
+        # on independently of the original, a list's copy is a new list). Copied by default, the
+        # wrapper shared its source: next() on the copy took the original's batches. A source
+        # that cannot be copied (a generator) says so, as unpatched. Nothing else is the copy's:
+        # a pass next() began is the original's, the DataLoader found in it is looked up again.
+        import copy
+
+        source = copy.copy(self.source)
+        original = source if self.original is self.source else copy.copy(self.original)
+        return type(self)(source, original)
+
     def __repr__(self) -> str:
         return f"trainkit.patch({self.source!r})"
 
