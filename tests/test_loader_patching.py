@@ -427,3 +427,40 @@ def test_a_copy_of_a_patched_loader_is_the_patch_of_a_copy_of_its_source(tmp_pat
     assert items_per_step(tmp_path, q) == {1: 2, 2: 5}  # and a patched loader like any other
     with pytest.raises(TypeError, match="generator"):  # as copy.copy(generator) itself raises
         copy.copy(tk.patch(b for b in batches))
+
+
+def test_threads_calling_next_on_one_patched_iterator_take_turns(tmp_path):
+    # The second thread's next() while the first waited for its batch raised ValueError
+    # ("generator already executing"); unpatched, a list's or a DataLoader's iterator serves both.
+    import threading
+
+    class Slow:  # a source whose batches take a while, as a loader's do
+        def __init__(self):
+            self.it = iter([(torch.zeros(2, 3),)] * 40)
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            time.sleep(0.002)
+            return next(self.it)
+
+    got, errors = [], []
+
+    def take(it):
+        try:
+            for _ in range(20):
+                got.append(next(it))
+        except BaseException as exc:  # noqa: B036 - the test reports what a thread raised
+            errors.append(exc)
+
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        it = tk.patch(Slow())
+        threads = [threading.Thread(target=take, args=(it,)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == [] and len(got) == 40
+        with pytest.raises(StopIteration):
+            next(it)

@@ -4,6 +4,7 @@ loop should be given as a loader (:func:`check_loader`). The per-batch recording
 :class:`trainkit.loader.PatchedLoader`'s."""
 from __future__ import annotations
 
+import threading
 from typing import Any, Dict, Iterator
 
 from ._text import brief
@@ -59,7 +60,10 @@ class _Iterator:
     another session, or grad mode switched (a first batch taken under ``no_grad`` to look at
     shapes would make the whole pass an evaluation's), and after the source ran out. A batch
     taken under ``no_grad`` in a training loop (a validation batch) leaves what is logged next
-    to the training batch's step, as a validation pass nested in the loop does at its end."""
+    to the training batch's step, as a validation pass nested in the loop does at its end.
+    Threads calling ``next()`` on it take turns, as on an iterator that is not a generator (a
+    DataLoader's, a list's): the pass is a generator, which raises "generator already executing"
+    to a second thread calling it while the first waits for its batch."""
 
     #: ``[pass, session, grad mode, a for loop reads it]`` of the pass next() goes on with (an
     #: instance's own)
@@ -84,6 +88,12 @@ class _Iterator:
                 self._next_pass = None
 
     def __next__(self) -> Any:
+        d = self.__dict__
+        lock = d.get("_next_lock") or d.setdefault("_next_lock", threading.RLock())  # atomic
+        with lock:  # reentrant: a next() inside the source's own says what it says unpatched
+            return self._next()
+
+    def _next(self) -> Any:
         from torch import is_grad_enabled
 
         got = self._next_pass
@@ -114,6 +124,7 @@ class _Iterator:
         # a copy (pickle, deepcopy) begins passes of its own: a generator cannot be copied
         state = dict(self.__dict__)  # type: ignore[attr-defined]
         state.pop("_next_pass", None)
+        state.pop("_next_lock", None)  # nor can a lock
         return state
 
 

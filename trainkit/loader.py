@@ -233,7 +233,7 @@ def _in_a_wait() -> bool:
 
 
 _INF = float("inf")
-_OWN = frozenset(("source", "original", "_dataloader", "_next_pass"))  # the wrapper's own
+_OWN = frozenset(("source", "original", "_dataloader", "_next_pass", "_next_lock"))  # the wrapper's own
 _NO_WORK = (BATCH_REC, GC_MS, GC_FULL)  # records that no loop body made: waits, collections
 
 
