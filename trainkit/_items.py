@@ -21,13 +21,28 @@ class ItemsCounter:
     of dicts with the same keys (``collate_fn=lambda b: b``), or the column of such dicts of a
     detection batch (``collate_fn=lambda b: tuple(zip(*b))``: a tuple of images and a tuple of
     target dicts), where the first tensor, an image, has the channels as its first dimension.
+
+    A first tensor in a list (or tuple) of tensors of one rank, inside the batch, is of either
+    the batch's views, each batched (a multi-crop's ``([crops_a, crops_b], labels)``, each crop
+    (B, 3, H, W)): their first dimension counts; or its unbatched samples (``([img] * 8,
+    labels)`` of variable-size images, each (3, H, W), from ``tuple(zip(*b))`` or a custom
+    collate): the list's length counts. The first batch tells which, in this order: a tensor
+    beside the list, not itself in such a list, whose first dimension is the list's length
+    (samples; that tensor is then counted, right either way) or the tensors' (views); else
+    tensors whose first dimensions differ (samples: the views of a batch share theirs); else a
+    sequence beside the list, in the same container, as long as it (samples: another column of
+    ``tuple(zip(*b))``, e.g. int labels or file names), unless it is a list of tensors with the
+    views' first dimension (per-view targets). With no such evidence (``{"images": [img] * 8}``
+    alone) the first tensor's first dimension counts, as for any batch; so does a batch that is
+    itself a list of tensors, which is a collated ``(inputs, targets, ...)``.
+
     Batches of one loader share a structure, so after the first one the count is an index or two
     and a type check, not a walk. ``first`` tells that the tensor is ``batch[0]`` of a tuple or
     list batch, with a dimension, which the patched loader then reads inline (this runs once
     per batch).
     """
 
-    __slots__ = ("tensor", "path", "first", "records")
+    __slots__ = ("tensor", "path", "first", "records", "element")
 
     def __init__(self) -> None:
         import torch
@@ -35,21 +50,29 @@ class ItemsCounter:
         self.tensor = torch.Tensor
         self.path: Optional[List[Any]] = None
         self.first = False
-        #: where the batch's sequence of per-sample records is (``[]``: the batch itself, ``[k]``:
-        #: its element k), once found; None: not looked for yet, or none
+        #: where the batch's sequence of per-sample records or unbatched samples is (``[]``: the
+        #: batch itself, ``[k]``: its element k, deeper for a list of samples), once found;
+        #: None: not looked for yet, or none. Its length counts while its first element is an
+        #: ``element`` (a Mapping: records; a tensor: samples).
         self.records: Optional[List[Any]] = None
+        self.element: type = Mapping
 
     def __call__(self, batch: Any) -> Optional[int]:
         if self.records is not None:
-            node = batch[self.records[0]] if self.records else batch
-            if isinstance(node, (tuple, list)) and node and isinstance(node[0], Mapping):
+            node = batch  # (_at inline: this runs once per batch)
+            try:
+                for key in self.records:
+                    node = getattr(node, key) if key.__class__ is _Field else node[key]
+            except (KeyError, IndexError, TypeError, AttributeError):
+                node = None
+            if isinstance(node, (tuple, list)) and node and isinstance(node[0], self.element):
                 return len(node)
             self.records = None
         if self.path is None:  # the first batch (or one that changed its shape): records?
             self.records = _records_at(batch)
             if self.records is not None:
-                node = batch[self.records[0]] if self.records else batch
-                return len(node)
+                self.element = Mapping
+                return len(_at(batch, self.records))
         if self.path is not None:
             node = batch
             try:
@@ -67,6 +90,14 @@ class ItemsCounter:
         found = _find_tensor(batch)
         if found is None:
             return None
+        if isinstance(found[1], self.tensor) and found[1].dim() > 0:
+            read = _samples_or_views(batch, *found)
+            if read is not None and read[0]:  # unbatched samples: the list's length counts
+                self.records, self.element = read[1], self.tensor
+                self.path, self.first = None, False
+                return len(read[2])
+            if read is not None:  # a tensor beside the list, as long as it
+                found = read[1], read[2]
         self.path, tensor = found
         if isinstance(tensor, _packed()):
             self.first = False
@@ -78,6 +109,17 @@ class ItemsCounter:
         self.first = (self.path == [0] and isinstance(batch, (tuple, list))
                       and not tensor.is_nested)
         return int(tensor.size(0))
+
+
+def _at(batch: Any, path: List[Any]) -> Any:
+    """The node at ``path`` in ``batch``, or None where this batch has no such node."""
+    node = batch
+    try:
+        for key in path:
+            node = getattr(node, key) if key.__class__ is _Field else node[key]
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return None
+    return node
 
 
 def _records_at(batch: Any) -> Optional[List[Any]]:
@@ -104,6 +146,57 @@ def _is_records(seq: Any, least: int) -> bool:
         return False
     keys = set(first)
     return all(isinstance(r, Mapping) and set(r) == keys for r in seq)
+
+
+def _samples_or_views(batch: Any, path: List[Any], tensor: Any
+                      ) -> Optional[Tuple[bool, List[Any], Any]]:
+    """For the first tensor of ``batch`` (at ``path``) in a list of tensors of one rank inside
+    the batch: ``(True, the list's path, the list)`` when the list holds unbatched samples,
+    ``(False, path, tensor)`` of a tensor beside it that counts them; None when the tensor's
+    first dimension counts (views, or nothing tells). The rule is ItemsCounter's docstring's;
+    this runs on the first batch only."""
+    if len(path) < 2:  # the batch itself is the list: a collated (inputs, targets, ...)
+        return None
+    where = path[:-1]
+    column = _at(batch, where)
+    if not _is_column(column):
+        return None
+    k, d = len(column), int(tensor.size(0))
+    packed = _packed()
+    for other_path, other in _tensors(batch, []):
+        if other_path[:len(where)] == where:
+            continue
+        if isinstance(other, packed):
+            n = _sequences(other)
+        elif other.dim() == 0:
+            continue
+        else:
+            n = int(other.size(0))
+        if _is_column(_at(batch, other_path[:-1])):
+            continue  # one of another list of tensors: its own question, no answer to this one
+        if n == k:  # (k == d too: this tensor's count is right under either reading)
+            return False, other_path, other
+        if n == d:
+            return None
+    if any(int(t.size(0)) != d for t in column):
+        return True, where, column
+    for _, other in _children(_at(batch, where[:-1])):
+        if other is column or not isinstance(other, (tuple, list)) or len(other) != k:
+            continue
+        if _is_column(other) and all(int(t.size(0)) == d for t in other):
+            return None  # per-view targets: the views' first dimension
+        return True, where, column
+    return None
+
+
+def _is_column(node: Any) -> bool:
+    """``node`` is a non-empty list or tuple of tensors with a dimension, all of one rank."""
+    import torch
+
+    if not isinstance(node, (tuple, list)) or not node:
+        return False
+    rank = node[0].dim() if isinstance(node[0], torch.Tensor) else 0
+    return rank > 0 and all(isinstance(t, torch.Tensor) and t.dim() == rank for t in node)
 
 
 def _packed() -> type:
@@ -139,21 +232,25 @@ class _Field(str):
 _SEQUENCES = (tuple, list, collections.deque, collections.UserList)
 
 
+def _children(obj: Any) -> Any:
+    """``(key, value)`` of a container's elements, the containers to_device moves; () else."""
+    if isinstance(obj, _SEQUENCES):  # read by index
+        return enumerate(obj)
+    if isinstance(obj, Mapping):
+        return obj.items()
+    if hasattr(type(obj), "__dataclass_fields__") and not isinstance(obj, type):
+        # A dataclass batch: its fields in order (one never set passed over)
+        return [(_Field(f.name), getattr(obj, f.name, None)) for f in dataclasses.fields(obj)]
+    if isinstance(obj, types.SimpleNamespace):  # its attributes
+        return [(_Field(k), v) for k, v in vars(obj).items()]
+    return ()
+
+
 def _tensors(obj: Any, path: List[Any]) -> Iterator[Tuple[List[Any], Any]]:
     import torch
 
     if isinstance(obj, (torch.Tensor, torch.nn.utils.rnn.PackedSequence)):  # (a tuple subclass)
         yield path, obj
         return
-    items: Any = ()
-    if isinstance(obj, _SEQUENCES):  # the sequences to_device moves, read by index
-        items = enumerate(obj)
-    elif isinstance(obj, Mapping):
-        items = obj.items()
-    elif hasattr(type(obj), "__dataclass_fields__") and not isinstance(obj, type):
-        # A dataclass batch, which to_device moves: its fields in order (one never set passed over)
-        items = [(_Field(f.name), getattr(obj, f.name, None)) for f in dataclasses.fields(obj)]
-    elif isinstance(obj, types.SimpleNamespace):  # to_device moves it too: its attributes
-        items = [(_Field(k), v) for k, v in vars(obj).items()]
-    for key, value in items:
+    for key, value in _children(obj):
         yield from _tensors(value, path + [key])
