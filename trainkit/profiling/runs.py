@@ -6,13 +6,16 @@ torch.profiler traces (``*.pt.trace.json[.gz]``): a session's logdir, or ``<logd
 A script run again with the same logdir puts a second session into the folder: each session
 writes its own event file, with steps from 1 again. TensorBoard reads a run's files in name order
 (the name starts with the file's creation time); its default loader (the Rust data server) drops,
-at each point whose step does not increase, the points from that step on, so its Scalars tab
-shows the latest session (``--load_fast=false`` draws them one after the other). A session
-resumed from a checkpoint (``tk.session(..., steps_done=N)``) numbers its steps on from N + 1:
-TensorBoard shows the sessions before it as one run with it, less their steps after N. A run is
-read the same way: each session from its first step on drops the earlier sessions' points from
-that step on; a session with no point left is hidden (a rerun), and the traces written before
-the first session shown are left out with it.
+at each point whose step does not increase, the points of that point's tag from that step on, so
+its Scalars tab shows the latest session's steps (``--load_fast=false`` draws them one after the
+other). A session resumed from a checkpoint (``tk.session(..., steps_done=N)``) numbers its steps
+on from N + 1: TensorBoard shows the sessions before it as one run with it, less their steps
+after N. A run is read the same way: each tag a later session wrote again drops the earlier
+sessions' points of that tag from the step it wrote it at, and a later session that counted
+steps drops every tag's from its first counted step on (the earlier steps from there are
+another run's); a session with no point left is hidden (a rerun), and the traces written before
+the first session shown are left out with it. A relaunch that closed before its first step (it
+crashed in setup) hides only the tags it wrote: its system sample's, under step 1.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import struct
 import zlib
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from ..recorder import PREFIX
+from ..recorder import PREFIX, STEP_TIME, UPDATE_MS
 from ..sinks.tensorboard import masked_crc32c
 from .trace import is_trace
 
@@ -57,8 +60,9 @@ class Run:
     started: Optional[float] = None
     #: the traces written before the first session shown started, left out of its analysis
     earlier_traces: Tuple[str, ...] = ()
-    #: the sessions a later one hides: it started again at or before their first step (a rerun
-    #: into the same folder), so no point of theirs is shown or analyzed
+    #: the sessions later ones hide: they counted steps again from their first step or before, or
+    #: wrote again every tag of theirs (a rerun into the same folder), so no point of theirs is
+    #: shown or analyzed
     hidden: Tuple[str, ...] = ()
     #: ``trainkit/meta/...`` text summaries of the sessions shown (a patched DataLoader's
     #: settings: :mod:`trainkit._loaderinfo`), ``tag -> text``; a later session's win
@@ -272,22 +276,40 @@ def load_run(logdir: str, folder: str) -> Run:
                meta={tag: text for f in shown for tag, text in meta[f].items()})
 
 
+#: What only a counted step writes (its optimizer's update, its time since the step before): a
+#: session that wrote one counted steps, from the first step it wrote them at.
+_STEP_TAGS = (UPDATE_MS, STEP_TIME)
+
+
 def _merge_sessions(read: List[Tuple[str, Dict[str, List[Tuple[int, float]]]]]
                     ) -> Tuple[Dict[str, List[Tuple[int, float]]], List[str]]:
     """The sessions' scalars as TensorBoard shows them, and the sessions shown (oldest first).
 
-    Each session, from its first step on (a rerun: 1; a resumed one: its ``steps_done`` + 1),
-    drops what the sessions before it recorded from that step on, every tag alike.
+    A later session drops what the sessions before it recorded of each tag it wrote again, from
+    the first step it wrote that tag at, as TensorBoard's default loader does: a relaunch that
+    closed before its first step drops only its close's system sample's tags (under step 1, or
+    its ``steps_done``), not the earlier run's steps. One that counted steps (a rerun: from 1; a
+    resumed one: from its ``steps_done`` + 1) drops every tag from its first counted step on,
+    also those it did not write again, which TensorBoard keeps: the earlier run's ``gc_ms`` (a
+    ``gc.collect()`` the rerun no longer makes) would be analyzed as the rerun's.
     """
-    firsts = [min((p[0] for points in got.values() for p in points), default=None)
-              for _, got in read]
+    after: List[Tuple[Optional[int], Dict[str, int]]] = []  # what the sessions after each drop
+    counted: Optional[int] = None  # the first counted step of the sessions after
+    firsts: Dict[str, int] = {}  # tag -> the first step the sessions after wrote it at
+    for _, got in reversed(read):
+        after.append((counted, dict(firsts)))
+        for tag, points in got.items():
+            first = min(p[0] for p in points)
+            firsts[tag] = min(first, firsts.get(tag, first))
+            if tag in _STEP_TAGS:
+                counted = first if counted is None else min(counted, first)
+    after.reverse()
     out: Dict[str, List[Tuple[int, float]]] = {}
     shown = []
-    for i, (name, got) in enumerate(read):
-        later = [f for f in firsts[i + 1:] if f is not None]
-        until = min(later) if later else None  # from this step on, a later session holds it
+    for (name, got), (every, tags) in zip(read, after):
         kept = False
         for tag, points in got.items():
+            until = min((s for s in (every, tags.get(tag)) if s is not None), default=None)
             points = points if until is None else [p for p in points if p[0] < until]
             if points:
                 out.setdefault(tag, []).extend(points)
