@@ -5,29 +5,115 @@ TA110 (no steps recorded) asks whether the optimizer is patched; when one was an
 answer is elsewhere: the loop never reached ``optimizer.step()``. So a session closing writes a
 JSON text summary under ``trainkit/meta/optimizers``: each patched optimizer that stepped in it
 or never stepped yet, its type and whether it stepped there.
+
+TA104 (the optimizer step dominates) suggests the optimizer's fused (``fused=True``) or
+multi-tensor (``foreach=True``) update; for a run that already used one, that advice is wrong.
+So each entry also holds the implementation asked for (``fused``, ``foreach``: the optimizer's
+``defaults``, as its constructor or the ``fused`` technique set them; a key only where it has
+the option, which torch.optim's optimizers gained release by release) and the one its step
+runs (``impl``), which for ``foreach=None`` torch picks at each step.
 """
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Dict, Optional
 
 from .patch import _patched, optimizer_patch
 
 #: ``trainkit/meta/optimizers``: the optimizers patched when a session closed (JSON), so that
 #: ``trainkit analyze`` can tell a loop that never reached ``optimizer.step()`` (TA110) from one
-#: whose optimizer is not patched.
+#: whose optimizer is not patched, and what its update already runs (TA104).
 META_OPTIMIZERS = "trainkit/meta/optimizers"
+
+#: torch.optim's optimizers whose ``foreach=None`` is the for-loop wherever the parameters are
+#: (their step does not ask torch's default, as the others' do)
+_NO_DEFAULT_FOREACH = ("Adafactor",)
 
 
 def patched_summary(s: Any) -> str:
     """JSON: each optimizer patched now that stepped in session ``s`` or never stepped yet, its
-    type and whether it stepped in ``s`` (one that stepped in another session, an earlier
-    phase's, is left out: it is not this session's to step)."""
+    type, whether it stepped in ``s`` (one that stepped in another session, an earlier
+    phase's, is left out: it is not this session's to step) and its implementation
+    (:func:`implementation`)."""
     out = []
     for opt in list(_patched):
         p = optimizer_patch(opt)
         last = None if p is None or p.session is None else p.session()
         if p is None or (p.session is not None and last is not s):
             continue
-        out.append({"type": type(opt).__name__, "stepped": last is s})
+        out.append({"type": type(opt).__name__, "stepped": last is s, **implementation(opt)})
     return json.dumps(out, sort_keys=True)
+
+
+def implementation(opt: Any) -> Dict[str, Any]:
+    """``fused`` and ``foreach`` as ``opt.defaults`` asks them (True, False or None: torch's
+    default; a key only where the optimizer has the option), and ``impl``: the implementations
+    its parameter groups' steps run, sorted (``["fused"]``, ``["foreach"]``, ``["for-loop"]``;
+    two where groups differ), left out where one cannot be told.
+
+    Example::
+
+        implementation(torch.optim.Adam(params, fused=True))
+        # {"foreach": None, "fused": True, "impl": ["fused"]}
+    """
+    defaults = getattr(opt, "defaults", None)
+    if not isinstance(defaults, dict):
+        return {}
+    out: Dict[str, Any] = {k: defaults[k] for k in ("fused", "foreach")
+                           if k in defaults and _flag(defaults[k])}
+    groups = getattr(opt, "param_groups", None) or []
+    impls = {_group_impl(opt, g) for g in groups if isinstance(g, dict)}
+    if impls and None not in impls:
+        out["impl"] = sorted(impls)
+    return out
+
+
+def _flag(value: Any) -> bool:
+    """Whether ``value`` is a ``fused``/``foreach`` as torch.optim means it (True, False, None):
+    another optimizer's own kind of value (a tensor, a string) is not guessed at, nor written."""
+    return value is None or isinstance(value, bool)
+
+
+def _group_impl(opt: Any, group: Dict[str, Any]) -> Optional[str]:
+    """The implementation torch.optim runs ``group``'s step with: ``fused=True`` the fused kernel
+    (which refuses parameters it cannot take), ``foreach=True`` the multi-tensor one, either
+    False the for-loop; None where that cannot be told (no such options, a ``foreach=None`` not
+    torch.optim's to resolve)."""
+    if "fused" not in group and "foreach" not in group:
+        return None
+    fused, foreach = group.get("fused"), group.get("foreach")
+    if not (_flag(fused) and _flag(foreach)):
+        return None
+    if fused:
+        return "fused"
+    if foreach:
+        return "foreach"
+    if fused is not None or foreach is not None:  # one of them turned off: no default asked
+        return "for-loop"
+    cls = type(opt)
+    if cls.__module__.split(".")[:2] != ["torch", "optim"]:  # Adafactor's is torch.optim
+        return None
+    if cls.__name__ in _NO_DEFAULT_FOREACH:
+        return "for-loop"
+    foreach = _default_foreach(opt, group)
+    return None if foreach is None else "foreach" if foreach else "for-loop"
+
+
+def _default_foreach(opt: Any, group: Dict[str, Any]) -> Optional[bool]:
+    """Whether torch.optim's step takes the multi-tensor update for a group that asked for
+    neither, or None where this torch's rule cannot be read: torch's own rule (the same in
+    torch 2.11 and 2.14: every parameter a plain tensor on a device with foreach kernels, CUDA
+    and not the CPU, and not ``differentiable``), and Adam's (AdamW's) exception, a tensor
+    ``lr`` without ``capturable``, which keeps the for-loop."""
+    import torch
+
+    try:
+        from torch.optim.optimizer import _default_to_fused_or_foreach
+    except ImportError:  # a torch that moved it: the rule is not ours to copy
+        return None
+    _, foreach = _default_to_fused_or_foreach(list(group.get("params", [])),
+                                              bool(group.get("differentiable")), use_fused=False)
+    if foreach and isinstance(opt, torch.optim.Adam) and isinstance(group.get("lr"), torch.Tensor) \
+            and not group.get("capturable"):
+        return False
+    return foreach

@@ -1,0 +1,122 @@
+"""TA104 (the optimizer step dominates) on runs whose optimizer already ran its fused or
+multi-tensor update: the session's close records the implementation asked for and the one that
+ran (``trainkit/meta/optimizers``), so the fix never suggests what the run already used. It
+said ``torch.optim.Adam(params, ..., fused=True)`` to a run of exactly that."""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Dict, Optional
+
+import pytest
+import torch
+
+import trainkit as tk
+from trainkit import switches
+from trainkit._optinfo import META_OPTIMIZERS
+from trainkit.profiling.analyzers.records import Steps, _optimizer_fix
+from trainkit.profiling.runs import load_run
+from trainkit.techniques import fused as fused_technique
+
+
+def _dominated_run(logdir: str, make: Callable[[Any], Any], *, device: str = "cpu",
+                   override: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """10 steps of a small layer beside 4M parameters whose gradient is kept across steps (only
+    the layer's is zeroed): the backward writes no 4M values each step, so the update dominates
+    the step even fused (~0.8 of it on a 2-core CPU; with the gradient made again each step a
+    fused update held ~0.35, too near TA104's 0.3). Returns the optimizer's recorded entry."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 1).to(device)
+    big = torch.nn.Parameter(torch.zeros(2000, 2000, device=device))
+    big.grad = torch.randn_like(big)
+    opt = make([*lin.parameters(), big])
+    with switches.overrides(override or {}):
+        tk.patch(opt)
+    batches = [(torch.randn(8, 16, device=device), torch.randn(8, 1, device=device))
+               for _ in range(10)]
+    try:
+        with tk.session(logdir=logdir, system_metrics=False):
+            for x, y in batches:
+                torch.nn.functional.mse_loss(lin(x), y).backward()
+                opt.step()
+                lin.zero_grad()
+    finally:
+        tk.unpatch(opt)
+    (entry,) = json.loads(load_run(logdir, logdir).meta[META_OPTIMIZERS])
+    return entry
+
+
+def _ta104(logdir: str):
+    (f,) = [f for f in tk.analyze(logdir) if f.code == "TA104"]
+    return f
+
+
+@pytest.fixture(autouse=True)
+def _fused_on_cpu():
+    if "cpu" not in fused_technique._supported_devices():
+        pytest.skip("fused optimizer kernels on the CPU need torch >= 2.4")
+
+
+def test_a_fused_adam_is_not_told_to_use_fused(logdir):
+    entry = _dominated_run(logdir, lambda p: torch.optim.Adam(p, lr=1e-3, fused=True))
+    assert entry == {"type": "Adam", "stepped": True, "fused": True, "foreach": None,
+                     "impl": ["fused"]}
+    f = _ta104(logdir)  # the update still dominates: the finding stands, with what is left
+    assert f.share >= 0.3
+    assert "torch.optim.Adam(params, ..., fused=True)" not in f.fix, f.fix  # what it ran
+    assert "already runs fused (torch.optim.Adam(..., fused=True))" in f.fix, f.fix
+    assert "tk.accumulate(n, optimizer)" in f.fix and "larger batch" in f.fix, f.fix
+    # compiling does not speed a fused update up: not offered as the way out
+    assert "compile=True" not in f.fix and "compiled_step" not in f.fix, f.fix
+
+
+def test_fused_by_the_ablations_technique_counts_as_fused(logdir):
+    # An ablation's {"fused": True} turns it on at tk.patch (param_groups and defaults), not
+    # in the user's constructor: the close records what the step ran with.
+    entry = _dominated_run(logdir, lambda p: torch.optim.AdamW(p, lr=1e-3),
+                           override={"fused": True})
+    assert entry["fused"] is True and entry["impl"] == ["fused"], entry
+    f = _ta104(logdir)
+    assert "already runs fused (torch.optim.AdamW(..., fused=True))" in f.fix, f.fix
+
+
+def test_an_optimizer_on_its_multi_tensor_update_without_a_fused_one_is_told_to_compile(logdir):
+    entry = _dominated_run(logdir, lambda p: torch.optim.RMSprop(p, lr=1e-3, foreach=True))
+    assert entry == {"type": "RMSprop", "stepped": True, "foreach": True, "impl": ["foreach"]}
+    f = _ta104(logdir)
+    assert "foreach=True" not in f.fix, f.fix  # what it ran
+    assert "already runs multi-tensor (foreach)" in f.fix and "no fused one" in f.fix, f.fix
+    assert "tk.patch(optimizer, compile=True)" in f.fix, f.fix
+
+
+@pytest.mark.parametrize("make, asked, ran", [
+    (lambda p: torch.optim.Adam(p, lr=1e-3, foreach=True), {"foreach": True, "fused": None},
+     "the multi-tensor update (foreach)"),
+    # torch's default (foreach=None) on the CPU is the for-loop: foreach only on CUDA
+    (lambda p: torch.optim.Adam(p, lr=1e-3), {"foreach": None, "fused": None},
+     "the for-loop update"),
+])
+def test_an_adam_not_fused_is_told_to_fuse_and_what_it_ran(logdir, make, asked, ran):
+    entry = _dominated_run(logdir, make)
+    assert {k: entry[k] for k in asked} == asked
+    f = _ta104(logdir)
+    assert f.fix.startswith(f"it ran {ran}: use its fused implementation, "
+                            f"torch.optim.Adam(params, ..., fused=True), or compile"), f.fix
+
+
+def test_an_optimizer_on_its_for_loop_is_still_told_its_multi_tensor_form(logdir):
+    entry = _dominated_run(logdir, lambda p: torch.optim.RMSprop(p, lr=1e-3))
+    assert entry["foreach"] is None and entry["impl"] == ["for-loop"], entry
+    f = _ta104(logdir)
+    assert f.fix.startswith("it ran the for-loop update: use its multi-tensor implementation, "
+                            "torch.optim.RMSprop(params, ..., foreach=True) (it has no fused "
+                            "one)"), f.fix
+
+
+@pytest.mark.cuda
+def test_foreach_by_default_on_cuda_is_recorded_as_ran(logdir):
+    # foreach=None is torch's choice at each step: the multi-tensor update for CUDA parameters.
+    # A 4M-parameter update takes well under TA104's 0.2 ms there, so the fix is read directly.
+    entry = _dominated_run(logdir, lambda p: torch.optim.RMSprop(p, lr=1e-3), device="cuda")
+    assert entry["foreach"] is None and entry["impl"] == ["foreach"], entry
+    fix = _optimizer_fix(Steps(load_run(logdir, logdir)))
+    assert "foreach=True" not in fix and "compile=True" in fix, fix
