@@ -111,8 +111,12 @@ def _default_foreach(opt: Any, group: Dict[str, Any]) -> Optional[bool]:
         from torch.optim.optimizer import _default_to_fused_or_foreach
     except ImportError:  # a torch that moved it: the rule is not ours to copy
         return None
-    _, foreach = _default_to_fused_or_foreach(list(group.get("params", [])),
-                                              bool(group.get("differentiable")), use_fused=False)
+    try:  # (a private function: what it raises on a group it did not foresee leaves impl out)
+        _, foreach = _default_to_fused_or_foreach(list(group.get("params", [])),
+                                                  bool(group.get("differentiable")),
+                                                  use_fused=False)
+    except Exception:  # noqa: BLE001 - the session's close goes on: it only records this
+        return None
     if foreach and isinstance(opt, torch.optim.Adam) and isinstance(group.get("lr"), torch.Tensor) \
             and not group.get("capturable"):
         return False
