@@ -6,6 +6,8 @@ once: its ``trainkit/*`` scalars go through :mod:`.analyzers.records`, its trace
 torch.profiler may still be writing it (it changed within the last minute): such a trace is left
 out until it is complete, and said to be still being written. A folder holding several sessions
 (a script run again with the same logdir) is analyzed for its latest one, and a finding says so.
+Each run's report says which steps its traces hold (:class:`Profiled`): the trace findings are
+of those steps alone, a few of the run's, which a user looks up in TensorBoard's step times.
 """
 from __future__ import annotations
 
@@ -20,7 +22,52 @@ from .analyzers import traces as trace_rules
 from .finding import Finding, sort_key
 from .runs import (WRITING_GRACE_S, Run, TraceError, being_written, find_runs, load_run,
                    read_trace)
+from .trace import STEP_OFFSET
 from .tracestats import TraceStats, summarize
+
+
+@dataclasses.dataclass(frozen=True)
+class Profiled:
+    """The steps a run's analyzed traces hold, in trainkit's numbering (torch's
+    ``ProfilerStep#N`` is step ``N + STEP_OFFSET``, as ``trainkit/step_time_ms`` numbers it).
+
+    The trace findings (TA103, TA107, TA108, TA109, a trace's TA102) are of these steps alone:
+    a schedule profiles a few steps per cycle, which may not be typical of the run (a cycle
+    during an evaluation, or in the first epoch's warm-up), so a report names them.
+
+    Example::
+
+        rep = analyze_run("runs/exp1", "runs/exp1"); rep.profiled.ranges()  # [(3, 5), (9, 11)]
+    """
+
+    #: traces analyzed: read, and holding a training step
+    traces: int = 0
+    #: the steps they hold, sorted
+    steps: Tuple[int, ...] = ()
+    #: of those traces, the ones without ``ProfilerStep`` marks (not written under a profiler
+    #: schedule), whose whole activity is taken as one step with no number
+    unnumbered: int = 0
+
+    @classmethod
+    def of(cls, stats: List[TraceStats]) -> "Profiled":
+        """What the traces summarised in ``stats`` (those holding a step) hold."""
+        return cls(traces=len(stats),
+                   steps=tuple(sorted({n + STEP_OFFSET for s in stats for n in s.step_numbers})),
+                   unnumbered=sum(1 for s in stats if not s.step_numbers))
+
+    def ranges(self) -> List[Tuple[int, int]]:
+        """The steps as ``(first, last)`` runs of consecutive steps."""
+        out: List[Tuple[int, int]] = []
+        for step in self.steps:
+            if out and step == out[-1][1] + 1:
+                out[-1] = (out[-1][0], step)
+            else:
+                out.append((step, step))
+        return out
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"traces": self.traces, "steps": [list(r) for r in self.ranges()],
+                "unnumbered": self.unnumbered}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +90,8 @@ class RunReport:
     writing: Tuple[str, ...] = ()
     #: traces of the folder's earlier sessions, left out of the findings (see TA111)
     earlier_traces: Tuple[str, ...] = ()
+    #: the steps the traces analyzed hold
+    profiled: Profiled = Profiled()
 
     def to_dict(self) -> Dict[str, Any]:
         def names(paths: Tuple[str, ...]) -> List[str]:
@@ -52,7 +101,8 @@ class RunReport:
                 "trainkit": self.is_trainkit,
                 "findings": [f.to_dict() for f in self.findings],
                 "traces": names(self.traces), "writing": names(self.writing),
-                "earlier_traces": names(self.earlier_traces)}
+                "earlier_traces": names(self.earlier_traces),
+                "profiled": self.profiled.to_dict()}
 
 
 def _trace_findings(run: Run, now: float) -> Tuple[List[TraceStats], List[Finding], List[str]]:
@@ -119,7 +169,8 @@ def analyze_run(logdir: str, folder: str, *, clock: Callable[[], float] = time.t
     return RunReport(run=run.name, breakdown=record_rules.breakdown(st), findings=tuple(found),
                      traces=tuple(t for t in run.traces if t not in writing), steps=steps,
                      is_trainkit=run.is_trainkit or bool(run.traces or run.earlier_traces),
-                     writing=tuple(writing), earlier_traces=run.earlier_traces)
+                     writing=tuple(writing), earlier_traces=run.earlier_traces,
+                     profiled=Profiled.of(t.stats))
 
 
 def _names(paths: Any) -> str:
@@ -186,6 +237,30 @@ def analyze(logdir: Union[str, "os.PathLike[str]"]) -> List[Finding]:
         for f in tk.analyze("runs/exp1"):
             print(f)
     """
+    found = [f for r in _reports(logdir) for f in r.findings]
+    found.sort(key=sort_key)
+    return found
+
+
+def analyze_runs(logdir: Union[str, "os.PathLike[str]"]) -> List[RunReport]:
+    """:func:`analyze`, run by run: each run's findings with what they were read from (its
+    steps, the traces analyzed and the steps those hold), as ``trainkit analyze`` prints them.
+
+    Raises:
+        ValueError: ``logdir`` is not a folder, or holds no trainkit run.
+
+    Example::
+
+        for rep in analyze_runs("runs"):
+            print(rep.run, rep.profiled.ranges(), [f.code for f in rep.findings])
+    """
+    return _reports(logdir)
+
+
+def _reports(logdir: Any) -> List[RunReport]:
+    """The reports of the trainkit runs under ``logdir``, warning about each trace left out
+    because it is still being written (at the line that called :func:`analyze` or
+    :func:`analyze_runs`)."""
     path = _check_logdir(logdir)
     reports = [r for r in (analyze_run(path, f) for f in find_runs(path)) if r.is_trainkit]
     if not reports:
@@ -200,7 +275,5 @@ def analyze(logdir: Union[str, "os.PathLike[str]"]) -> List[Finding]:
                 f"being written (torch.profiler writes one as a profiling cycle ends): it is left "
                 f"out of the findings until it is complete; analyze again in a moment",
                 UserWarning,
-                stacklevel=2)
-    found = [f for r in reports for f in r.findings]
-    found.sort(key=sort_key)
-    return found
+                stacklevel=3)
+    return reports

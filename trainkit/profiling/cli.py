@@ -3,6 +3,12 @@
 A run where nothing could be analyzed (no counted step, no trace holding a step: an empty trace,
 or one still being written) gets TA110, so it exits 1, never 0 as a clean run does.
 
+Each run's trace findings are of the few steps its traces hold: a ``traces:`` line per run says
+which (``traces: steps 3-5, 9-11 (2 traces)``, in trainkit's step numbering), with findings or
+without, so that they can be found in TensorBoard's step times. ``--json`` prints the list of
+findings as before, each with its run's ``profiled`` steps added; as an empty list has no place
+for them, the ``traces:`` lines go to stderr there, beside what ``tk.analyze`` warns about.
+
 ``trainkit/cli.py`` adds this as a subcommand with :func:`add_arguments` and :func:`run`;
 :func:`main` runs it alone (``python -m trainkit.profiling.cli LOGDIR``).
 """
@@ -12,10 +18,13 @@ import argparse
 import json
 import sys
 import warnings
-from typing import List, Optional, Sequence, TextIO
+from typing import TYPE_CHECKING, List, Optional, Sequence, TextIO
 
 from .._text import write_out
-from .finding import Finding
+from .finding import Finding, sort_key
+
+if TYPE_CHECKING:  # imported by run() alone, as the analysis is: not to set up the parser
+    from .analyze import RunReport
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
@@ -31,18 +40,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
 
 
-def render(findings: List[Finding]) -> str:
-    """The findings as plain text, most costly first (no colour: it goes into logs and CI)."""
-    if not findings:
-        return "no findings: nothing in the records or traces points at lost step time\n"
-    lines = []
+def render(findings: List[Finding], reports: Sequence["RunReport"] = ()) -> str:
+    """The findings as plain text, most costly first (no colour: it goes into logs and CI), then
+    which steps each run's traces hold (:func:`traced`)."""
+    lines = [] if findings else \
+        ["no findings: nothing in the records or traces points at lost step time"]
     for f in findings:
         share = "" if f.share is None else f"{f.share:6.1%} "
-        run = "" if f.run == "." else f" [{f.run}]"
-        lines.append(f"{f.code} {f.severity:<6} {share}{f.title}{run}")
+        lines.append(f"{f.code} {f.severity:<6} {share}{f.title}{_tag(f.run)}")
         lines.append(f"    evidence: {f.evidence}")
         lines.append(f"    fix:      {f.fix}")
+    lines.extend(traced(r) for r in reports)
     return "\n".join(lines) + "\n"
+
+
+def _tag(run: str) -> str:
+    return "" if run == "." else f" [{run}]"
+
+
+def traced(report: "RunReport") -> str:
+    """One line: the steps the run's analyzed traces hold, e.g. ``traces: steps 3-5, 9-11
+    (2 traces)``; ``traces: none`` for a run without any."""
+    p = report.profiled
+    if not p.traces:
+        n = len(report.traces) + len(report.writing)
+        said = f"no profiled step in the run's {n} trace(s)" if n else "none"
+        return f"traces: {said}{_tag(report.run)}"
+    parts = []
+    if p.steps:
+        spans = [str(a) if a == b else f"{a}-{b}" for a, b in p.ranges()]
+        parts.append(("step " if len(p.steps) == 1 else "steps ") + ", ".join(spans))
+    if p.unnumbered:
+        parts.append(f"{p.unnumbered} without ProfilerStep marks, each taken whole as one step")
+    count = f"{p.traces} trace" + ("" if p.traces == 1 else "s")
+    return f"traces: {'; '.join(parts)} ({count}){_tag(report.run)}"
 
 
 def run(args: argparse.Namespace, *, out: Optional[TextIO] = None,
@@ -51,14 +82,14 @@ def run(args: argparse.Namespace, *, out: Optional[TextIO] = None,
 
     What ``tk.analyze`` warns about (a trace still being written, left out) goes to ``err``.
     """
-    from .analyze import analyze
+    from .analyze import analyze_runs
 
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
         try:
-            found = analyze(args.logdir)
+            reports = analyze_runs(args.logdir)
         except (ValueError, TypeError) as exc:
             print(f"trainkit analyze: {exc}", file=err)
             return EXIT_USAGE
@@ -67,10 +98,15 @@ def run(args: argparse.Namespace, *, out: Optional[TextIO] = None,
             print(f"trainkit analyze: {w.message}", file=err)
         else:  # not ours to reword: shown as Python would have shown it
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    found = sorted((f for r in reports for f in r.findings), key=sort_key)
     if getattr(args, "json", False):
-        text = json.dumps([f.to_dict() for f in found], indent=2) + "\n"
+        profiled = {r.run: r.profiled.to_dict() for r in reports}
+        text = json.dumps([dict(f.to_dict(), profiled=profiled[f.run]) for f in found],
+                          indent=2) + "\n"
+        for r in reports:
+            print(f"trainkit analyze: {traced(r)}", file=err)
     else:
-        text = render(found)
+        text = render(found, reports)
     write_out(out, text)  # `trainkit analyze runs | head`: the reader may go away first
     return EXIT_FINDINGS if found else EXIT_OK
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from typing import Any, Dict, Iterable, List, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST_CATS = ("cpu_op", "cuda_runtime", "cuda_driver", "user_annotation")
@@ -40,6 +40,9 @@ class TraceStats:
     median_kernel_us: float
     median_gap_us: float  # between consecutive GPU activities inside the window
     memcpy: Dict[str, Tuple[int, float]]  # gpu_memcpy name -> (count, bytes)
+    #: the N of each ``ProfilerStep#N`` summarised, in order (torch's numbering, from 0): which
+    #: steps of the run the totals are of. Empty for a trace without the step marks.
+    step_numbers: Tuple[int, ...] = ()
 
     @property
     def has_gpu(self) -> bool:
@@ -82,8 +85,9 @@ def summarize(events: List[Dict[str, Any]]) -> TraceStats:
         if not (math.isfinite(ts) and math.isfinite(dur)):
             continue  # "NaN" or 1e400: no time on any clock
         complete.append((ts, dur, str(e.get("cat", "")), str(e.get("name", ""))))
-    steps = sorted((ts, ts + dur) for ts, dur, cat, name in complete
+    marks = sorted((ts, ts + dur, name) for ts, dur, cat, name in complete
                    if cat == "user_annotation" and name.startswith(STEP_PREFIX))
+    steps = [(s, e) for s, e, _ in marks]
     if not steps and any(name == AFTER_LAST_STEP for _, _, _, name in complete):
         # trainkit's trace of a cycle the session closed in before its first step: only the work
         # after the last step, no training step to summarise
@@ -128,7 +132,18 @@ def summarize(events: List[Dict[str, Any]]) -> TraceStats:
         median_kernel_us=statistics.median(kernel_durs) if kernel_durs else 0.0,
         median_gap_us=statistics.median(gaps) if gaps else 0.0,
         memcpy={k: (int(v[0]), v[1]) for k, v in memcpy.items()},
+        step_numbers=tuple(n for n in (_step_number(name) for _, _, name in marks)
+                           if n is not None),
     )
+
+
+def _step_number(name: str) -> Optional[int]:
+    """The N of ``ProfilerStep#N``; None for a name torch does not write (a malformed trace)."""
+    digits = name[len(STEP_PREFIX):]
+    try:
+        return int(digits) if digits.isdecimal() else None
+    except ValueError:  # more digits than int() converts
+        return None
 
 
 def _step_index(steps: List[Tuple[float, float]], ts: float) -> int:

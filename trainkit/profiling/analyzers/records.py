@@ -9,7 +9,7 @@ from ...recorder import (AMP_SKIPPED, CLOSURE_MS, COMPILE_RECOMPILES, COMPILE_SE
                          GC_FULL, GC_MS, H2D_MS, H2D_PINNED_PCT, PREFIX, SAMPLES_PER_S, STEP_TIME,
                          UPDATE_MS)
 from ..finding import Finding, severity_for
-from ..runs import Run
+from ..runs import Run, read_scalars
 from .loaders import advice as loader_advice
 
 #: The fix for pageable copies, whether the records or a trace found them.
@@ -331,9 +331,15 @@ def several_sessions(run: Run) -> Optional[Finding]:
     """TA111: a session wrote into the run's folder again from step 1 (or from before the first
     step of another): TensorBoard shows only the later one, and so only it is analyzed.
 
+    Said only where a hidden session counted steps: the steps a user would miss in the findings.
+    A session that counted none (a relaunch that crashed in setup: its close's system sample at
+    step 1 is all it wrote) leaves no step out when it is hidden, by a rerun counting from step 1
+    or by a second such relaunch writing that sample again (which hides it whole, in TensorBoard's
+    default loader too): no finding, as for one such relaunch after a run, which hides nothing.
+
     A session resumed with ``tk.session(..., steps_done=N)`` continues the run: no finding.
     """
-    if not run.hidden:
+    if not any(_counted_steps(run, f) for f in run.hidden):
         return None
     n, shown = len(run.hidden), [f for f in run.sessions if f not in run.hidden]
     when = ("" if run.started is None else " started "
@@ -356,6 +362,14 @@ def several_sessions(run: Run) -> Optional[Finding]:
             "compare with an earlier session, move its event file (and its traces) into a "
             "folder of its own beside this one",
         severity="low", run=run.name)
+
+
+def _counted_steps(run: Run, session: str) -> bool:
+    """Whether the session of the event file ``session`` in the run's folder counted a step:
+    wrote a point of what only a counted step writes (its update, its time since the step
+    before), as the runs' merging rules tell one (:func:`..runs._merge_sessions`)."""
+    got = read_scalars(run.path, [session])
+    return UPDATE_MS in got or STEP_TIME in got
 
 
 def items_per_step(run: Run) -> Optional[float]:
