@@ -43,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -165,7 +165,10 @@ def floor_loop(model: torch.nn.Module, opt, crit, batches, blocks, now: Callable
 
 
 def make_variants(make_model: Callable[[], torch.nn.Module], batches: List, s,
-                  device: torch.device, without: "tuple[str, ...]" = ()) -> Dict[str, Callable]:
+                  device: torch.device, without: "tuple[str, ...]" = (),
+                  extra: Optional[Callable[..., Dict[str, Callable]]] = None) -> Dict[str, Callable]:
+    """The variants, by name. ``extra(model, crit, batches)``: more of them, on the same model
+    (benchmarks/overhead_bound.py adds its own)."""
     crit = torch.nn.CrossEntropyLoss()
     # One model for all variants, each with its own SGD over its parameters (SGD without momentum
     # keeps no state): the variants differ by their instrumentation only, not by where their
@@ -232,8 +235,11 @@ def make_variants(make_model: Callable[[], torch.nn.Module], batches: List, s,
     def floor():
         floor_loop(*models["floor"], crit, batches, blocks, now, read, records)
 
-    return {"plain": plain, "plain again": plain_again, "trainkit": trainkit, "by hand": by_hand,
-            "floor": floor}
+    variants = {"plain": plain, "plain again": plain_again, "trainkit": trainkit, "by hand": by_hand,
+                "floor": floor}
+    if extra is not None:
+        variants.update(extra(model, crit, batches))
+    return variants
 
 
 def bootstrap_ci(ratios: np.ndarray, *, n: int = 2000, seed: int = 0) -> "tuple[float, float]":
@@ -247,7 +253,9 @@ WORKLOADS = {"a": ("a: MLP 784-64-10, batch 32", mlp, 32, 1.03),
 
 
 def run_rounds(workload: str, steps: int, rounds: int, seed: int,
-               device: str = "cpu", without: "tuple[str, ...]" = ()) -> Dict[str, List[float]]:
+               device: str = "cpu", without: "tuple[str, ...]" = (),
+               extra: Optional[Callable[..., Dict[str, Callable]]] = None,
+               only: "Optional[tuple[str, ...]]" = None) -> Dict[str, List[float]]:
     """One process's measurement: variant -> ms per step, one value per round.
 
     On a GPU the batches are on the device before the loop, and a variant's time runs from a
@@ -258,7 +266,9 @@ def run_rounds(workload: str, steps: int, rounds: int, seed: int,
     batches = [(x.to(dev), y.to(dev)) for x, y in make_batches(batch_size, steps)]
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     with tk.session(logdir=tempfile.mkdtemp(prefix="overhead-tk-")) as s:
-        variants = make_variants(make_model, batches, s, dev, without)
+        variants = make_variants(make_model, batches, s, dev, without, extra)
+        if only is not None:  # the variants to time (the others are made, never run)
+            variants = {n: variants[n] for n in only}
         for fn in variants.values():  # warm-up: allocator, first-call costs, writer thread
             fn()
         sync()

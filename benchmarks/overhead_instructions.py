@@ -14,7 +14,7 @@ cheaper, which the timings cannot. The writer thread is not counted (see overhea
 cost). Needs valgrind (with its callgrind.h header) and gcc; about 6 minutes (the loops run one
 after the other, under valgrind's ~50x slowdown).
 
-    python benchmarks/overhead_instructions.py [--passes 4] [--parts]     # 50 steps a pass
+    python benchmarks/overhead_instructions.py [--passes 4] [--parts] [--bound]   # 50 steps a pass
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ void tk_stop(void) { CALLGRIND_DUMP_STATS_AT("measured"); CALLGRIND_STOP_INSTRUM
 EVENTS = ("Ir", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw")
 VARIANTS = ("plain", "floor", "trainkit")
 PARTS = ("trainkit -regions", "trainkit -loader", "trainkit -step", "trainkit -log")
+BOUND = ("bound",)  # overhead_bound.py's loop: the least recording there can be (--bound)
 
 
 def child(variant: str, passes: int, helper: str) -> None:
@@ -74,6 +75,13 @@ def child(variant: str, passes: int, helper: str) -> None:
 
         def one_pass() -> None:
             trainkit_loop(model, opt, crit, loader, s)
+    elif variant == "bound":
+        from overhead_bound import bound_variant, build
+
+        bound = bound_variant(build(tempfile.mkdtemp(prefix="tk-instr-bound-")))(model, crit, batches)
+
+        def one_pass() -> None:
+            bound["bound"]()
     else:  # "trainkit -<part>": the trainkit loop without one of its parts (--parts)
         loop = trainkit_parts(opt, batches, s, (variant.split(" -", 1)[1],))
 
@@ -113,7 +121,10 @@ def main() -> None:
     ap.add_argument("--parts", action="store_true",
                     help="also the trainkit loop without each of its parts (regions, loader, step, "
                          "log): what each part adds, in instructions and misses")
-    ap.add_argument("--child", choices=list(VARIANTS + PARTS), help=argparse.SUPPRESS)
+    ap.add_argument("--bound", action="store_true",
+                    help="also overhead_bound.py's loop (its C built here with gcc): what the "
+                         "least recording there can be adds")
+    ap.add_argument("--child", choices=list(VARIANTS + PARTS + BOUND), help=argparse.SUPPRESS)
     ap.add_argument("--helper", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.passes < 1:
@@ -138,15 +149,15 @@ def main() -> None:
 
         print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {args.passes * 50} "
               f"measured steps per loop, main thread only; per step:")
-        variants = VARIANTS + (PARTS if args.parts else ())
+        variants = VARIANTS + (PARTS if args.parts else ()) + (BOUND if args.bound else ())
         got = {v: measure(v, args.passes, helper, workdir) for v in variants}
     print(f"  {'':18s}" + "".join(f"{e:>10s}" for e in EVENTS))
     for v in variants:
         print(f"  {v:18s}" + "".join(f"{got[v][e]:10.0f}" for e in EVENTS))
-    for v in ("floor", "trainkit"):
+    for v in ("floor", "trainkit") + (BOUND if args.bound else ()):
         added = {e: got[v][e] - got["plain"][e] for e in EVENTS}
         print(f"  {v + ' - plain':18s}" + "".join(f"{added[e]:10.0f}" for e in EVENTS))
-    for v in variants[len(VARIANTS):]:  # what each part adds: trainkit less trainkit without it
+    for v in (PARTS if args.parts else ()):  # what each part adds: trainkit less trainkit without it
         part = {e: got["trainkit"][e] - got[v][e] for e in EVENTS}
         print(f"  {v.split(' -')[1] + ' adds':18s}" + "".join(f"{part[e]:10.0f}" for e in EVENTS))
     diff = {e: got["trainkit"][e] - got["plain"][e] for e in EVENTS}
