@@ -1,5 +1,5 @@
 """The tab's front end (static/index.js) run in node against a stub DOM: what it shows when the
-server fails. Skipped where node is not installed."""
+server fails, and for a real run's report. Skipped where node is not installed."""
 from __future__ import annotations
 
 import os
@@ -37,3 +37,46 @@ def test_a_server_error_listing_the_runs_is_said_not_a_blank_tab(tmp_path):
                          timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "trainkit runs cannot be listed: Error: ./runs: HTTP 500"
+
+
+SHOW_REPORT = """
+class Node {}
+const mk = (t) => Object.assign(new Node(), {t, kids: [], attrs: {}, style: {},
+  setAttribute(k, v) { this.attrs[k] = v; }, append(...c) { this.kids.push(...c); },
+  replaceChildren(...c) { this.kids = c; }, addEventListener() {}});
+globalThis.Node = Node;
+globalThis.document = {createElement: mk, head: mk('head'), body: mk('body')};
+globalThis.window = {addEventListener() {}};
+const fs = await import('node:fs');
+const report = JSON.parse(fs.readFileSync('report.json', 'utf8'));
+globalThis.fetch = async (url) => ({ok: true, status: 200,
+  json: async () => (url.startsWith('./runs') ? ['.'] : report)});
+const text = (n) => typeof n === 'string' ? n : (n.kids || []).map(text).join('');
+const {render} = await import('./index.mjs');
+await render();
+console.log(text(document.body));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_the_traces_section_says_which_steps_the_findings_are_of(tmp_path):
+    """`trainkit analyze` says which steps its traces held; the tab listed the trace files alone,
+    and its findings read as the whole run's."""
+    import json
+
+    import trainkit as tk
+    from tests.profiling.conftest import train
+    from trainkit.sinks.tbplugin.data import TabData
+
+    logdir = str(tmp_path / "logs")
+    train(logdir, steps=12, profile=tk.ProfileSchedule(wait=1, warmup=1, active=3, repeat=2))
+    # the report as the tab's server hands it over (./report?run=.)
+    (tmp_path / "report.json").write_text(json.dumps(TabData(logdir).report(".")))
+    shutil.copy(os.path.join(REPO, "trainkit", "sinks", "tbplugin", "static", "index.js"),
+                tmp_path / "index.mjs")
+    (tmp_path / "harness.mjs").write_text(SHOW_REPORT)
+    out = subprocess.run(["node", "harness.mjs"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Analyzed: steps 3-5, 8-10 (2 traces), numbered as in trainkit/step_time_ms." \
+        in out.stdout, out.stdout

@@ -95,6 +95,18 @@ function traceItem(run, name) {
             el('button', {onclick: () => openInPerfetto(url, name)}, 'open in Perfetto'));
 }
 
+// Which steps the analyzed traces hold, numbered as trainkit/step_time_ms numbers them (as
+// `trainkit analyze` says it): the findings above are of these steps alone.
+function profiledSteps(p) {
+  if (!p || !p.traces) return '';
+  const spans = (p.steps || []).map(([a, b]) => (a === b ? `${a}` : `${a}-${b}`));
+  const parts = [];
+  if (spans.length) parts.push((spans.length === 1 && p.steps[0][0] === p.steps[0][1] ? 'step ' : 'steps ') + spans.join(', '));
+  if (p.unnumbered) parts.push(`${p.unnumbered} without ProfilerStep marks, each taken whole as one step`);
+  const count = `${p.traces} trace${p.traces === 1 ? '' : 's'}`;
+  return `Analyzed: ${parts.join('; ')} (${count}), numbered as in trainkit/step_time_ms.`;
+}
+
 function traces(run, rep) {
   const names = rep.traces, writing = rep.writing || [], earlier = rep.earlier_traces || [];
   const parts = [];
@@ -105,11 +117,13 @@ function traces(run, rep) {
         ' — still being written by torch.profiler; analyzed once complete (this page checks again every 5 s)')));
     }
     parts.push(list);
+    const said = profiledSteps(rep.profiled);
+    if (said) parts.push(el('p', {id: 'profiled'}, said));
   } else {
     parts.push(el('p', {class: 'muted'}, 'no traces: profile with tk.session(..., profile=tk.ProfileSchedule(wait=10, warmup=2, active=3))'));
   }
   if (earlier.length) {
-    parts.push(el('p', {class: 'muted'}, 'From earlier sessions in this folder (not analyzed, see TA111):'),
+    parts.push(el('p', {class: 'muted'}, 'From earlier sessions in this folder (not analyzed: written before the session shown began):'),
                el('ul', {id: 'earlier-traces'}, ...earlier.map((name) => traceItem(run, name))));
   }
   if (names.length || earlier.length) {
