@@ -5,6 +5,7 @@ arguments and bad technique overrides, each refused with no session left open an
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 import pytest
@@ -34,6 +35,32 @@ def test_sessions_without_a_logdir_started_in_the_same_second_get_a_folder_each(
     monkeypatch.setenv("WORLD_SIZE", "2")
     shared = os.path.join("runs", "shared")
     assert _logdir.fresh_folder(shared) == shared and not os.path.exists(shared)
+
+
+def test_two_default_folder_sessions_of_one_rank_take_a_folder_each(tmp_path, monkeypatch):
+    """Under torchrun the ranks share runs/<launcher start>_<host>: a second session in the
+    process (fine-tuning after pre-training) wrote into the first's rank folder, its steps from 1
+    again hiding the first's as a rerun's do. Each rank counts its sessions, so the ranks agree."""
+    import datetime
+
+    from trainkit import _logdir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(_logdir, "run_start_time", lambda: datetime.datetime(2026, 11, 23, 9, 0, 0))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    roots = []
+    for phase in (1.0, 2.0):
+        with tk.session(system_metrics=False) as s:
+            s.log("phase", phase)
+        roots.append(s.root)
+    base = os.path.join("runs", "Nov23_09-00-00_" + socket.gethostname())
+    assert roots == [base, base + "-2"]
+    assert [scalars(os.path.join(r, "rank0"))["phase"] for r in roots] == [[(1, 1.0)], [(1, 2.0)]]
+    # another rank, a process of its own, counts its own sessions the same way
+    monkeypatch.setattr(_logdir, "_RANKED", {})
+    monkeypatch.setenv("RANK", "1")
+    assert [_logdir.default_logdir() for _ in range(2)] == [base, base + "-2"]
 
 
 def test_a_logdir_under_the_home_folder_is_expanded(tmp_path, monkeypatch):
