@@ -22,14 +22,15 @@ from .analyzers import traces as trace_rules
 from .finding import Finding, sort_key
 from .runs import (WRITING_GRACE_S, Run, TraceError, being_written, find_runs, load_run,
                    read_trace)
-from .trace import STEP_OFFSET
 from .tracestats import TraceStats, summarize
 
 
 @dataclasses.dataclass(frozen=True)
 class Profiled:
     """The steps a run's analyzed traces hold, in trainkit's numbering (torch's
-    ``ProfilerStep#N`` is step ``N + STEP_OFFSET``, as ``trainkit/step_time_ms`` numbers it).
+    ``ProfilerStep#N`` is step ``N + step_offset``, the offset each trace records: a session
+    resumed with ``steps_done`` profiles from step ``steps_done + 1``, as
+    ``trainkit/step_time_ms`` numbers it).
 
     The trace findings (TA103, TA107, TA108, TA109, a trace's TA102) are of these steps alone:
     a schedule profiles a few steps per cycle, which may not be typical of the run (a cycle
@@ -37,7 +38,8 @@ class Profiled:
 
     Example::
 
-        rep = analyze_run("runs/exp1", "runs/exp1"); rep.profiled.ranges()  # [(3, 5), (9, 11)]
+        # a run under profile=tk.ProfileSchedule(wait=1, warmup=1, active=3, repeat=2)
+        rep = analyze_run("runs/exp1", "runs/exp1"); rep.profiled.ranges()  # [(3, 5), (8, 10)]
     """
 
     #: traces analyzed: read, and holding a training step
@@ -52,7 +54,7 @@ class Profiled:
     def of(cls, stats: List[TraceStats]) -> "Profiled":
         """What the traces summarised in ``stats`` (those holding a step) hold."""
         return cls(traces=len(stats),
-                   steps=tuple(sorted({n + STEP_OFFSET for s in stats for n in s.step_numbers})),
+                   steps=tuple(sorted({n for s in stats for n in s.run_steps})),
                    unnumbered=sum(1 for s in stats if not s.step_numbers))
 
     def ranges(self) -> List[Tuple[int, int]]:
@@ -113,7 +115,8 @@ def _trace_findings(run: Run, now: float) -> Tuple[List[TraceStats], List[Findin
         except OSError:  # deleted since the folder was listed
             continue
         try:
-            stats.append(summarize(read_trace(path)))
+            events = read_trace(path)
+            stats.append(summarize(events, meta=events.meta))
         except TraceError as exc:
             if being_written(path, before, now=now):  # half-written: not a broken file (yet)
                 writing.append(path)

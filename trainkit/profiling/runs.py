@@ -323,8 +323,24 @@ class TraceError(ValueError):
     """A trace file that cannot be read (truncated, not JSON, not a Chrome trace)."""
 
 
-def read_trace(path: str) -> List[Dict[str, Any]]:
-    """The ``traceEvents`` of a Chrome-trace JSON file (gzip-compressed when it ends in .gz).
+class TraceEvents(List[Dict[str, Any]]):
+    """A trace's ``traceEvents``, and in ``meta`` its other top-level entries (torch's
+    ``deviceProperties``; trainkit's ``"trainkit"``, which says which steps of the run its step
+    marks are): read with the events, as parsing a GPU trace again would double its cost.
+
+    Example::
+
+        events = read_trace(path); summarize(events, meta=events.meta)
+    """
+
+    def __init__(self, events: List[Dict[str, Any]], meta: Dict[str, Any]) -> None:
+        super().__init__(events)
+        self.meta = meta
+
+
+def read_trace(path: str) -> TraceEvents:
+    """The ``traceEvents`` of a Chrome-trace JSON file (gzip-compressed when it ends in .gz),
+    with its top-level metadata in their ``meta``.
 
     Raises:
         TraceError: naming the file and what is wrong with it.
@@ -341,7 +357,8 @@ def read_trace(path: str) -> List[Dict[str, Any]]:
     events: Optional[Any] = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise TraceError(f"{path}: no 'traceEvents' list: not a torch.profiler Chrome trace")
-    return [e for e in events if isinstance(e, dict)]
+    meta = {k: v for k, v in data.items() if k != "traceEvents"} if isinstance(data, dict) else {}
+    return TraceEvents([e for e in events if isinstance(e, dict)], meta)
 
 
 #: How long after its last change an unreadable trace may be one torch.profiler is still writing.

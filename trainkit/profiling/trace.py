@@ -13,9 +13,11 @@ torch opened at the last step, which holds what ran after that step: an evaluati
 loop, a checkpoint. It is no training step, so the trace written then names it
 ``trainkit/after_last_step``, and a trace left with no training step is said to be one.
 
-torch numbers the steps ``ProfilerStep#0``, ``#1``... from the session's start, trainkit from 1:
-``ProfilerStep#N`` is trainkit's step N + 1 (``trainkit/step_time_ms``, ``s.log``), as each
-trace's top-level ``"trainkit"`` metadata says.
+torch numbers the steps ``ProfilerStep#0``, ``#1``... from the session's start (the count goes on
+across the cycles of ``repeat``, as the profiler is stepped at each step in between), trainkit
+from the session's ``steps_done`` + 1: ``ProfilerStep#N`` is trainkit's step N + steps_done + 1
+(``trainkit/step_time_ms``, ``s.log``), N + 1 in a session not resumed, as each trace's
+top-level ``"trainkit"`` metadata says (``step_offset``).
 
 torch runs one profiler at a time: a second one started while one records cancels it, and the
 first one's stop then ends the second. So a session refuses ``profile=`` while a profiler of the
@@ -38,7 +40,7 @@ from typing import Any, Callable, List, Optional
 
 from .._text import user_stacklevel
 from .regions import profiler_check, profiler_enabled
-from .tracestats import AFTER_LAST_STEP, STEP_PREFIX
+from .tracestats import AFTER_LAST_STEP, STEP_OFFSET, STEP_PREFIX, TRACE_META
 
 #: The suffixes of a trace file, plain or gzip-compressed.
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
@@ -46,11 +48,6 @@ TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 #: nothing is lost and the advice (acc_events=True) does not apply. Older torch has no space
 #: after "cycle.".
 _CLEARS_EVENTS = "Profiler clears events at the end of each cycle"
-#: The top-level key of a trace's trainkit metadata, and the offset it records: the trace's
-#: ``ProfilerStep#N`` is trainkit's step ``N + STEP_OFFSET`` (the profiler starts with the
-#: session, before its step 1, and torch counts from 0).
-TRACE_META = "trainkit"
-STEP_OFFSET = 1
 #: torch's warning for a schedule with warmup=0, which trainkit says itself at the user's line.
 _NO_WARMUP = "Profiler won't be using warmup"
 
@@ -121,7 +118,9 @@ class Tracer:
     """One torch.profiler run for one session, stepped by the session at each real step.
 
     Records CPU activity, and CUDA activity when a GPU is available. ``traces`` lists the files
-    written so far (one per completed cycle); ``steps`` counts the steps seen.
+    written so far (one per completed cycle); ``steps`` counts the steps seen. ``steps_done``:
+    the run's steps before this session's (a resumed session's), which trainkit's step numbers
+    count and torch's do not.
 
     Example::
 
@@ -131,7 +130,8 @@ class Tracer:
         t.close(); print(t.traces)
     """
 
-    def __init__(self, logdir: str, schedule: Any, *, rank: Optional[int] = None) -> None:
+    def __init__(self, logdir: str, schedule: Any, *, rank: Optional[int] = None,
+                 steps_done: int = 0) -> None:
         import torch
         from torch.profiler import ProfilerAction, ProfilerActivity
         from torch.profiler import schedule as make_schedule
@@ -145,6 +145,7 @@ class Tracer:
         self.gzip = bool(getattr(schedule, "gzip", False))
         self.traces: List[str] = []
         self.steps = 0
+        self.steps_done = steps_done
         self._unwritten = 0  # cycles that ended, their trace not written (said at each)
         # At close, during a cycle: the ProfilerStep torch opened at the last step, which holds
         # what ran after it (no step of the training), renamed in the trace written then
@@ -176,11 +177,13 @@ class Tracer:
             profile_memory=False,
         )
         # torch numbers its ProfilerStep#N from 0 as the profiler starts, trainkit its steps from
-        # 1 (step_time_ms, s.log): each trace says how one maps to the other, at its top level
+        # steps_done + 1 (step_time_ms, s.log): each trace says how one maps to the other, at
+        # its top level
+        offset = steps_done + STEP_OFFSET
         preset = getattr(self._prof, "preset_metadata_json", None)  # torch 2.1 and later
         if preset is not None:
-            preset(TRACE_META, json.dumps({"step_offset": STEP_OFFSET, "about": (
-                f"ProfilerStep#N is trainkit step N + {STEP_OFFSET} (as trainkit/step_time_ms "
+            preset(TRACE_META, json.dumps({"step_offset": offset, "about": (
+                f"ProfilerStep#N is trainkit step N + {offset} (as trainkit/step_time_ms "
                 f"and s.log number them); {AFTER_LAST_STEP} is what ran after the session's last "
                 f"step, no step")}))
         self._prof.__enter__()
@@ -200,7 +203,7 @@ class Tracer:
                 after = set(os.listdir(self.logdir))
             except Exception as exc:
                 self._unwritten += 1
-                _warn(f"trainkit: a profiler trace of step {self.steps} could not be written to "
+                _warn(f"trainkit: a profiler trace of step {self._step} could not be written to "
                       f"{self.logdir!r} ({type(exc).__name__}: {exc}); the training goes on, "
                       f"and the next cycle is tried again. Fix the folder (or free some space)")
                 return
@@ -212,6 +215,12 @@ class Tracer:
 
         return on_ready
 
+    @property
+    def _step(self) -> int:
+        """The last step seen, numbered as trainkit/step_time_ms numbers it (what a user looks
+        up), where ``steps`` counts this session's alone."""
+        return self.steps_done + self.steps
+
     def step(self) -> None:
         """One real optimizer step ended."""
         self.steps += 1
@@ -222,7 +231,7 @@ class Tracer:
         if action is self._none and prof.step_num >= self._end:
             return  # every cycle is written: nothing left to start or stop
         if action in self._idle and profiler_recording():
-            self._stand_down("at step %d" % self.steps)
+            self._stand_down("at step %d" % self._step)
             return
         prof.step()
 
@@ -285,7 +294,7 @@ class Tracer:
             return
         if not left:
             _warn(f"trainkit: the last trace, {os.path.basename(path)!r}, holds no training "
-                  f"step: the session closed after step {self.steps}, before the first profiled "
+                  f"step: the session closed after step {self._step}, before the first profiled "
                   f"step of the cycle it had started, so the trace holds only what ran after "
                   f"that step (named {AFTER_LAST_STEP!r}). To profile the end of training, end "
                   f"the loop inside a cycle, e.g. one step more or fewer")
@@ -308,4 +317,5 @@ class Tracer:
 
 def start_profiler(session: Any) -> Tracer:
     """The session's tracer, writing into ``session.logdir``."""
-    return Tracer(session.logdir, session.profile, rank=session.rank)
+    return Tracer(session.logdir, session.profile, rank=session.rank,
+                  steps_done=session.steps_done)

@@ -4,13 +4,17 @@ torch.profiler (Kineto) writes complete events (``"ph": "X"``) with a category: 
 ATen operators, ``user_annotation`` for ``record_function`` ranges (``ProfilerStep#N`` marks each
 step), ``cuda_runtime`` / ``cuda_driver`` for host-side CUDA calls, and on the GPU ``kernel``,
 ``gpu_memcpy`` and ``gpu_memset``. Times are in microseconds.
+
+torch numbers the step marks from 0 as the profiler starts; trainkit's traces record, in their
+top-level ``"trainkit"`` metadata, which of the run's steps ``ProfilerStep#0`` is (a session
+resumed with ``steps_done`` starts its profiler after that many steps of the run).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import statistics
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST_CATS = ("cpu_op", "cuda_runtime", "cuda_driver", "user_annotation")
@@ -19,6 +23,13 @@ STEP_PREFIX = "ProfilerStep#"
 #: session closes during a profiled cycle: the work after the loop (an evaluation, a checkpoint)
 #: stays visible in the trace, but is no training step.
 AFTER_LAST_STEP = "trainkit/after_last_step"
+#: The top-level key of a trace's trainkit metadata, whose ``"step_offset"`` says that the trace's
+#: ``ProfilerStep#N`` is the run's step ``N + step_offset`` (``trainkit/step_time_ms``, ``s.log``).
+TRACE_META = "trainkit"
+#: The offset of a session not resumed: its profiler starts before its step 1, and torch counts
+#: from 0. Also the reading of a trace that records none (trainkit's from before it recorded one,
+#: or a profiler's of the user's), which can only be taken as a fresh session's.
+STEP_OFFSET = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +38,8 @@ class TraceStats:
 
     Example::
 
-        st = summarize(read_trace(path)); st.steps, st.gpu_busy_us / st.window_us
+        events = read_trace(path); st = summarize(events, meta=events.meta)
+        st.run_steps, st.gpu_busy_us / st.window_us
     """
 
     steps: int
@@ -43,6 +55,13 @@ class TraceStats:
     #: the N of each ``ProfilerStep#N`` summarised, in order (torch's numbering, from 0): which
     #: steps of the run the totals are of. Empty for a trace without the step marks.
     step_numbers: Tuple[int, ...] = ()
+    #: ``ProfilerStep#N`` is the run's step ``N + step_offset`` (see :func:`recorded_offset`)
+    step_offset: int = STEP_OFFSET
+
+    @property
+    def run_steps(self) -> Tuple[int, ...]:
+        """The steps summarised, numbered as ``trainkit/step_time_ms`` numbers them."""
+        return tuple(n + self.step_offset for n in self.step_numbers)
 
     @property
     def has_gpu(self) -> bool:
@@ -72,8 +91,29 @@ def _union(intervals: Iterable[Tuple[float, float]]) -> Tuple[float, List[float]
     return total, gaps
 
 
-def summarize(events: List[Dict[str, Any]]) -> TraceStats:
-    """Summarise the events of one trace (see :func:`trainkit.profiling.runs.read_trace`)."""
+def recorded_offset(meta: Mapping[str, Any]) -> int:
+    """The step offset a trace's top-level entries ``meta`` record, else :data:`STEP_OFFSET`
+    (also for a malformed one: the analysis goes on, as for a malformed event).
+
+    Example::
+
+        recorded_offset(read_trace(path).meta)  # 11 for a session resumed with steps_done=10
+    """
+    own = meta.get(TRACE_META)
+    offset = own.get("step_offset") if isinstance(own, dict) else None
+    # bool is an int, and a session's offset is steps_done + 1, at least 1
+    if isinstance(offset, int) and not isinstance(offset, bool) and offset >= 1:
+        return offset
+    return STEP_OFFSET
+
+
+def summarize(events: List[Dict[str, Any]], *,
+              meta: Optional[Mapping[str, Any]] = None) -> TraceStats:
+    """Summarise the events of one trace (see :func:`trainkit.profiling.runs.read_trace`).
+
+    ``meta``: the trace's top-level entries (``read_trace(path).meta``), which say which steps of
+    the run its step marks are; without them, those of a session not resumed.
+    """
     complete = []
     for e in events:
         if e.get("ph") != "X":
@@ -134,6 +174,7 @@ def summarize(events: List[Dict[str, Any]]) -> TraceStats:
         memcpy={k: (int(v[0]), v[1]) for k, v in memcpy.items()},
         step_numbers=tuple(n for n in (_step_number(name) for _, _, name in marks)
                            if n is not None),
+        step_offset=recorded_offset(meta or {}),
     )
 
 
