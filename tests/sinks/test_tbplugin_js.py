@@ -10,15 +10,19 @@ import pytest
 
 from tests.conftest import REPO
 
-HARNESS = """
+
+def harness(fetch: str) -> str:
+    """A node script: index.js rendered on a stub DOM, ``fetch`` (JS) answering its requests,
+    the page's text printed."""
+    return """
 class Node {}
-const mk = (t) => Object.assign(new Node(), {t, kids: [], attrs: {},
+const mk = (t) => Object.assign(new Node(), {t, kids: [], attrs: {}, style: {},
   setAttribute(k, v) { this.attrs[k] = v; }, append(...c) { this.kids.push(...c); },
   replaceChildren(...c) { this.kids = c; }, addEventListener() {}});
 globalThis.Node = Node;
 globalThis.document = {createElement: mk, head: mk('head'), body: mk('body')};
 globalThis.window = {addEventListener() {}};
-globalThis.fetch = async (url) => ({ok: false, status: 500, json: async () => null});
+""" + fetch + """
 const text = (n) => typeof n === 'string' ? n : (n.kids || []).map(text).join('');
 const {render} = await import('./index.mjs');
 await render();
@@ -32,30 +36,20 @@ def test_a_server_error_listing_the_runs_is_said_not_a_blank_tab(tmp_path):
     browser's console."""
     shutil.copy(os.path.join(REPO, "trainkit", "sinks", "tbplugin", "static", "index.js"),
                 tmp_path / "index.mjs")
-    (tmp_path / "harness.mjs").write_text(HARNESS)
+    (tmp_path / "harness.mjs").write_text(harness(
+        "globalThis.fetch = async (url) => ({ok: false, status: 500, json: async () => null});"))
     out = subprocess.run(["node", "harness.mjs"], cwd=tmp_path, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "trainkit runs cannot be listed: Error: ./runs: HTTP 500"
 
 
-SHOW_REPORT = """
-class Node {}
-const mk = (t) => Object.assign(new Node(), {t, kids: [], attrs: {}, style: {},
-  setAttribute(k, v) { this.attrs[k] = v; }, append(...c) { this.kids.push(...c); },
-  replaceChildren(...c) { this.kids = c; }, addEventListener() {}});
-globalThis.Node = Node;
-globalThis.document = {createElement: mk, head: mk('head'), body: mk('body')};
-globalThis.window = {addEventListener() {}};
+SHOW_REPORT = harness("""
 const fs = await import('node:fs');
 const report = JSON.parse(fs.readFileSync('report.json', 'utf8'));
 globalThis.fetch = async (url) => ({ok: true, status: 200,
   json: async () => (url.startsWith('./runs') ? ['.'] : report)});
-const text = (n) => typeof n === 'string' ? n : (n.kids || []).map(text).join('');
-const {render} = await import('./index.mjs');
-await render();
-console.log(text(document.body));
-"""
+""")
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
