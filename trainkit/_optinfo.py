@@ -32,7 +32,8 @@ _NO_DEFAULT_FOREACH = ("Adafactor",)
 
 def patched_summary(s: Any) -> str:
     """JSON: each optimizer patched now that stepped in session ``s`` or never stepped yet, its
-    type, whether it stepped in ``s`` (one that stepped in another session, an earlier
+    type and the module defining it (a third party's ``Adam`` is not torch.optim's), whether it
+    stepped in ``s`` (one that stepped in another session, an earlier
     phase's, is left out: it is not this session's to step) and its implementation
     (:func:`implementation`)."""
     out = []
@@ -41,7 +42,8 @@ def patched_summary(s: Any) -> str:
         last = None if p is None or p.session is None else p.session()
         if p is None or (p.session is not None and last is not s):
             continue
-        out.append({"type": type(opt).__name__, "stepped": last is s, **implementation(opt)})
+        out.append({"type": type(opt).__name__, "module": type(opt).__module__,
+                    "stepped": last is s, **implementation(opt)})
     return json.dumps(out, sort_keys=True)
 
 

@@ -37,7 +37,8 @@ def _rl_run(logdir, warm_after):
 def test_a_patched_optimizer_that_never_stepped_is_named(tmp_path):
     opt = _rl_run(tmp_path, warm_after=100)  # never warm: no step
     meta = json.loads(load_run(tmp_path, tmp_path).meta["trainkit/meta/optimizers"])
-    assert meta == [{"stepped": False, "type": "Adam", "fused": None, "foreach": None,
+    assert meta == [{"stepped": False, "type": "Adam", "module": "torch.optim.adam",
+                     "fused": None, "foreach": None,
                      "impl": ["for-loop"]}]  # (its implementation: for TA104)
     (f,) = [f for f in tk.analyze(tmp_path) if f.code == "TA110"]
     assert "the patched Adam never stepped" in f.evidence, f.evidence
@@ -49,7 +50,8 @@ def test_a_patched_optimizer_that_never_stepped_is_named(tmp_path):
 def test_an_optimizer_that_stepped_is_recorded_so_and_no_ta110(tmp_path):
     opt = _rl_run(tmp_path, warm_after=1)  # steps at t = 4, 8, 12
     meta = json.loads(load_run(tmp_path, tmp_path).meta["trainkit/meta/optimizers"])
-    assert meta == [{"stepped": True, "type": "Adam", "fused": None, "foreach": None,
+    assert meta == [{"stepped": True, "type": "Adam", "module": "torch.optim.adam",
+                     "fused": None, "foreach": None,
                      "impl": ["for-loop"]}]  # (its implementation: for TA104)
     assert "TA110" not in [f.code for f in tk.analyze(tmp_path)]
     tk.unpatch(opt)

@@ -58,7 +58,8 @@ def _fused_on_cpu():
 
 def test_a_fused_adam_is_not_told_to_use_fused(logdir):
     entry = _dominated_run(logdir, lambda p: torch.optim.Adam(p, lr=1e-3, fused=True))
-    assert entry == {"type": "Adam", "stepped": True, "fused": True, "foreach": None,
+    assert entry == {"type": "Adam", "module": "torch.optim.adam", "stepped": True, "fused": True,
+                     "foreach": None,
                      "impl": ["fused"]}
     f = _ta104(logdir)  # the update still dominates: the finding stands, with what is left
     assert f.share >= 0.3
@@ -81,7 +82,8 @@ def test_fused_by_the_ablations_technique_counts_as_fused(logdir):
 
 def test_an_optimizer_on_its_multi_tensor_update_without_a_fused_one_is_told_to_compile(logdir):
     entry = _dominated_run(logdir, lambda p: torch.optim.RMSprop(p, lr=1e-3, foreach=True))
-    assert entry == {"type": "RMSprop", "stepped": True, "foreach": True, "impl": ["foreach"]}
+    assert entry == {"type": "RMSprop", "module": "torch.optim.rmsprop", "stepped": True,
+                     "foreach": True, "impl": ["foreach"]}
     f = _ta104(logdir)
     assert "foreach=True" not in f.fix, f.fix  # what it ran
     assert "already runs multi-tensor (foreach)" in f.fix and "no fused one" in f.fix, f.fix
@@ -120,3 +122,56 @@ def test_foreach_by_default_on_cuda_is_recorded_as_ran(logdir):
     assert entry["foreach"] is None and entry["impl"] == ["foreach"], entry
     fix = _optimizer_fix(Steps(load_run(logdir, logdir)))
     assert "foreach=True" not in fix and "compile=True" in fix, fix
+
+
+def test_two_optimizer_types_both_fused_are_not_told_to_fuse(logdir):
+    # A GAN's generator (Adam) and discriminator (SGD), both fused=True: with two types the
+    # recorded implementations were ignored, and the fix said "a fused implementation ...
+    # fused=True".
+    torch.manual_seed(0)
+    g, d = (torch.nn.Parameter(torch.zeros(2000, 1000)) for _ in range(2))
+    g.grad, d.grad = torch.randn_like(g), torch.randn_like(d)  # kept: the updates dominate
+    lin = torch.nn.Linear(16, 1)
+    opts = [torch.optim.Adam([g, *lin.parameters()], lr=1e-3, fused=True),
+            torch.optim.SGD([d], lr=1e-3, momentum=0.9, fused=True)]
+    for opt in opts:
+        tk.patch(opt)
+    try:
+        with tk.session(logdir=logdir, system_metrics=False):
+            for _ in range(10):
+                torch.nn.functional.mse_loss(lin(torch.randn(8, 16)), torch.randn(8, 1)).backward()
+                for opt in opts:
+                    opt.step()
+                lin.zero_grad()
+    finally:
+        for opt in opts:
+            tk.unpatch(opt)
+    entries = json.loads(load_run(logdir, logdir).meta[META_OPTIMIZERS])
+    assert sorted((e["type"], e["impl"]) for e in entries) == [("Adam", ["fused"]),
+                                                              ("SGD", ["fused"])]
+    fix = _optimizer_fix(Steps(load_run(logdir, logdir)))
+    assert fix.startswith("the update already runs fused (fused=True)"), fix
+
+
+class Adam(torch.optim.Optimizer):
+    """A third party's Adam (this module's, not torch.optim's): a foreach option, no fused one."""
+
+    def __init__(self, params: Any, lr: float = 1e-3, foreach: Optional[bool] = None) -> None:
+        super().__init__(params, dict(lr=lr, foreach=foreach))
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            torch._foreach_add_(params, [p.grad for p in params], alpha=-group["lr"])
+
+
+def test_another_librarys_adam_is_not_told_torch_optims_forms(logdir):
+    # Recorded by its name alone, it was read as torch.optim.Adam from a torch without fused:
+    # "the update already runs multi-tensor (foreach), and torch.optim.Adam has no fused one".
+    entry = _dominated_run(logdir, lambda p: Adam(p, foreach=True))
+    assert entry["module"] == __name__ and entry["impl"] == ["foreach"], entry
+    fix = _optimizer_fix(Steps(load_run(logdir, logdir)))
+    assert "torch.optim.Adam has no fused one" not in fix and "foreach=True" not in fix, fix
+    assert fix.startswith("it ran the multi-tensor update (foreach): use a fused implementation "
+                          "where the optimizer has one"), fix

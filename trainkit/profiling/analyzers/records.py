@@ -130,17 +130,21 @@ _IMPLS = {"foreach": "the multi-tensor update (foreach)", "for-loop": "the for-l
 
 
 def _stepped(run: Run) -> Tuple[Optional[str], Set[str], Set[str]]:
-    """The optimizer the run stepped, as its close recorded it: its type (None where several
-    types stepped, or none is recorded), the implementations its steps ran (``{"fused"}``...;
-    empty where a step's is not recorded: a run from before they were) and its options among
-    ``fused`` and ``foreach`` (empty where not recorded)."""
+    """The optimizers the run stepped, as its close recorded them: the type's name where one
+    type of torch.optim's stepped (None where several types did, or another library's: a
+    third party's ``Adam`` has torch.optim's options or not; a run recorded before modules
+    were has torch.optim's names), the implementations their steps ran, whatever their types
+    (``{"fused"}``...; empty where one's is not recorded: a run from before they were) and the
+    options among ``fused`` and ``foreach`` that type has (empty where not recorded)."""
     stepped = [o for o in _optimizers(run) if o.get("stepped") is True]
-    names = {str(o.get("type", "optimizer")) for o in stepped}
-    if len(names) != 1:
-        return None, set(), set()
     impls = [o.get("impl") for o in stepped]
-    ran = (set() if any(not isinstance(i, list) for i in impls)
+    ran = (set() if not stepped or any(not isinstance(i, list) for i in impls)
            else {str(v) for i in impls for v in i})
+    names = {str(o.get("type", "optimizer")) for o in stepped}
+    torch_optim = all(str(o.get("module", "torch.optim")).split(".")[:2] == ["torch", "optim"]
+                      for o in stepped)
+    if len(names) != 1 or not torch_optim:
+        return None, ran, set()
     options = {k for k in ("fused", "foreach") if all(k in o for o in stepped)}
     return names.pop(), ran, options
 
@@ -161,8 +165,9 @@ def _faster_update(name: Optional[str], ran: Set[str], options: Set[str]) -> str
             return ""
         return (f"its multi-tensor implementation, torch.optim.{name}(params, ..., foreach=True) "
                 f"(it has no fused one)")
-    return ("a fused implementation where the optimizer has one (torch.optim.Adam, AdamW, SGD, "
-            "Adagrad: fused=True) or a multi-tensor one (foreach=True)")
+    forms = ("a fused implementation where the optimizer has one (torch.optim.Adam, AdamW, SGD, "
+             "Adagrad: fused=True)")
+    return forms if ran == {"foreach"} else forms + " or a multi-tensor one (foreach=True)"
 
 
 def _optimizer_fix(st: Steps) -> str:
@@ -189,7 +194,7 @@ def _optimizer_fix(st: Steps) -> str:
         return (f"the step is already compiled: {use}fewer and larger parameter tensors, or "
                 f"compile mode='max-autotune'; on a CPU the update is memory-bound and scales "
                 f"with the parameter count")
-    if not faster:
+    if not faster:  # (only torch.optim's, named: another's is told the general forms)
         return (f"the update already runs multi-tensor (foreach), and torch.optim.{name} has no "
                 f"fused one: compile the step, tk.patch(optimizer, compile=True) / "
                 f"@tk.compiled_step, which fuses it into a few kernels")
