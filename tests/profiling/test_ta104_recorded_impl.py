@@ -175,3 +175,16 @@ def test_another_librarys_adam_is_not_told_torch_optims_forms(logdir):
     assert "torch.optim.Adam has no fused one" not in fix and "foreach=True" not in fix, fix
     assert fix.startswith("it ran the multi-tensor update (foreach): use a fused implementation "
                           "where the optimizer has one"), fix
+
+
+def test_torchs_default_rule_raising_leaves_impl_out_and_the_close_goes_on(logdir, monkeypatch):
+    # torch's private rule, on a group a later torch does not foresee, raising at the close
+    # failed the user's `with` block after the run; it only decides what is recorded.
+    import torch.optim.optimizer as torch_optimizer
+
+    def refuses(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a group this torch's rule does not take")
+
+    monkeypatch.setattr(torch_optimizer, "_default_to_fused_or_foreach", refuses)
+    entry = _dominated_run(logdir, lambda p: torch.optim.RMSprop(p, lr=1e-3))
+    assert entry["foreach"] is None and "impl" not in entry, entry
