@@ -464,3 +464,48 @@ def test_threads_calling_next_on_one_patched_iterator_take_turns(tmp_path):
         assert errors == [] and len(got) == 40
         with pytest.raises(StopIteration):
             next(it)
+
+
+def test_a_for_loop_and_next_in_two_threads_take_turns_on_one_pass(tmp_path):
+    # The for loop going on with the pass next() began read it without the lock: next() in the
+    # other thread, meanwhile, raised "generator already executing".
+    import threading
+
+    class Slow:
+        def __init__(self):
+            self.it = iter(range(60))
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            time.sleep(0.001)
+            return next(self.it)
+
+    got, errors = [], []
+
+    def loop(it):
+        try:
+            for b in it:
+                got.append(b)
+        except BaseException as exc:  # noqa: B036 - the test reports what a thread raised
+            errors.append(exc)
+
+    def take(it):
+        try:
+            for _ in range(20):
+                got.append(next(it))
+        except StopIteration:
+            pass
+        except BaseException as exc:  # noqa: B036
+            errors.append(exc)
+
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        it = tk.patch(Slow())
+        got.append(next(it))  # the for loop goes on with this pass
+        threads = [threading.Thread(target=f, args=(it,)) for f in (loop, take)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == [] and sorted(got) == list(range(60))

@@ -61,9 +61,10 @@ class _Iterator:
     shapes would make the whole pass an evaluation's), and after the source ran out. A batch
     taken under ``no_grad`` in a training loop (a validation batch) leaves what is logged next
     to the training batch's step, as a validation pass nested in the loop does at its end.
-    Threads calling ``next()`` on it take turns, as on an iterator that is not a generator (a
-    DataLoader's, a list's): the pass is a generator, which raises "generator already executing"
-    to a second thread calling it while the first waits for its batch."""
+    Threads taking batches from it (``next()``, or a ``for`` loop going on with the pass) take
+    turns, as on an iterator that is not a generator (a DataLoader's, a list's): the pass is a
+    generator, which raises "generator already executing" to a second thread calling it while
+    the first waits for its batch."""
 
     #: ``[pass, session, grad mode, a for loop reads it]`` of the pass next() goes on with (an
     #: instance's own)
@@ -79,18 +80,39 @@ class _Iterator:
         return self._go_on(got)
 
     def _go_on(self, got: Any) -> Iterator[Any]:
+        # `yield from got[0]`, each batch taken under the lock (another thread's next() or loop
+        # reads the same pass)
+        lock = self._lock()
         got[3] = True  # next() in its body (a validation batch under no_grad) goes on with it
         try:
-            yield from got[0]
-        finally:  # run out, or left (closed: the pass is closed with it)
+            while True:
+                with lock:
+                    try:
+                        batch = next(got[0])
+                    except StopIteration:
+                        return
+                try:
+                    yield batch
+                except GeneratorExit:  # the loop was left: the pass ends with it, as one left
+                    with lock:
+                        got[0].close()
+                    raise
+                except BaseException as exc:  # thrown in: the pass gets it, as yield from does
+                    with lock:
+                        got[0].throw(exc)
+                    raise
+        finally:  # run out, or left
             got[3] = False
             if self._next_pass is got:
                 self._next_pass = None
 
-    def __next__(self) -> Any:
+    def _lock(self) -> Any:
+        """This loader's lock for its pass (made at first use: dict.setdefault is atomic)."""
         d = self.__dict__
-        lock = d.get("_next_lock") or d.setdefault("_next_lock", threading.RLock())  # atomic
-        with lock:  # reentrant: a next() inside the source's own says what it says unpatched
+        return d.get("_next_lock") or d.setdefault("_next_lock", threading.RLock())
+
+    def __next__(self) -> Any:
+        with self._lock():  # reentrant: a next() inside the source's own says what it says unpatched
             return self._next()
 
     def _next(self) -> Any:
@@ -115,10 +137,11 @@ class _Iterator:
                 s._batch_step = before  # an evaluation's batch in training: no step of its own
 
     def _end_next_pass(self) -> None:
-        got = self._next_pass
-        if got is not None:
-            self._next_pass = None
-            got[0].close()
+        with self._lock():
+            got = self._next_pass
+            if got is not None:
+                self._next_pass = None
+                got[0].close()
 
     def __getstate__(self) -> Dict[str, Any]:
         # a copy (pickle, deepcopy) begins passes of its own: a generator cannot be copied
