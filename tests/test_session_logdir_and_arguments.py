@@ -34,13 +34,14 @@ def test_sessions_without_a_logdir_started_in_the_same_second_get_a_folder_each(
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     shared = os.path.join("runs", "shared")
-    assert _logdir.fresh_folder(shared) == shared and not os.path.exists(shared)
+    assert _logdir.fresh_folder(shared) == shared and os.listdir(shared) == ["rank0"]  # claimed
 
 
 def test_two_default_folder_sessions_of_one_rank_take_a_folder_each(tmp_path, monkeypatch):
     """Under torchrun the ranks share runs/<launcher start>_<host>: a second session in the
     process (fine-tuning after pre-training) wrote into the first's rank folder, its steps from 1
-    again hiding the first's as a rerun's do. Each rank counts its sessions, so the ranks agree."""
+    again hiding the first's as a rerun's do. Each rank claims its rank folder in the first
+    folder where it is free, so the ranks agree."""
     import datetime
 
     from trainkit import _logdir
@@ -57,10 +58,29 @@ def test_two_default_folder_sessions_of_one_rank_take_a_folder_each(tmp_path, mo
     base = os.path.join("runs", "Nov23_09-00-00_" + socket.gethostname())
     assert roots == [base, base + "-2"]
     assert [scalars(os.path.join(r, "rank0"))["phase"] for r in roots] == [[(1, 1.0)], [(1, 2.0)]]
-    # another rank, a process of its own, counts its own sessions the same way
-    monkeypatch.setattr(_logdir, "_RANKED", {})
-    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("RANK", "1")  # the other rank, opening the same two sessions
     assert [_logdir.default_logdir() for _ in range(2)] == [base, base + "-2"]
+
+
+def test_a_second_spawn_of_fresh_rank_processes_takes_a_folder_of_its_own(tmp_path):
+    # Two mp.spawn calls (pre-training, then fine-tuning) are fresh processes of one launcher,
+    # named by its start time: counting sessions per process, both phases shared one folder.
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = "from trainkit.session import _default_logdir; print(_default_logdir())"
+
+    def phase():
+        got = [subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                              text=True, env=dict(os.environ, RANK=str(r), WORLD_SIZE="2",
+                                                  PYTHONPATH=REPO)) for r in (0, 1)]
+        assert [p.returncode for p in got] == [0, 0], [p.stderr for p in got]
+        return [p.stdout.strip() for p in got]
+
+    first, second = phase(), phase()
+    assert first[0] == first[1] and second == [first[0] + "-2"] * 2
 
 
 def test_a_logdir_under_the_home_folder_is_expanded(tmp_path, monkeypatch):
@@ -78,7 +98,7 @@ def test_a_logdir_under_the_home_folder_is_expanded(tmp_path, monkeypatch):
     assert os.listdir(work) == []
 
 
-def test_ranks_started_seconds_apart_pick_one_default_logdir():
+def test_ranks_started_seconds_apart_pick_one_default_logdir(tmp_path):
     # Under torchrun every rank writes <logdir>/rank<N> of one logdir: without logdir=, the
     # folder's time is the launcher's (here this process, the parent of both), not the rank's.
     import subprocess
@@ -88,10 +108,11 @@ def test_ranks_started_seconds_apart_pick_one_default_logdir():
 
     env = dict(os.environ, RANK="0", WORLD_SIZE="2", PYTHONPATH=REPO)
     code = "from trainkit.session import _default_logdir; print(_default_logdir())"
-    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           cwd=tmp_path)  # (each claims its runs/.../rank<N> there)
     time.sleep(1.1)
     second = subprocess.run([sys.executable, "-c", code], env=dict(env, RANK="1"),
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, cwd=tmp_path)
     assert first.returncode == second.returncode == 0, first.stderr + second.stderr
     assert first.stdout == second.stdout and first.stdout.startswith("runs" + os.sep)
 

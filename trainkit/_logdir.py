@@ -6,7 +6,7 @@ import os
 import shlex
 import socket
 import sys
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 from . import _env
 
@@ -70,33 +70,32 @@ def default_logdir() -> str:
     return fresh_folder(os.path.join("runs", f"{when.strftime('%b%d_%H-%M-%S')}_{socket.gethostname()}"))
 
 
-#: Under torchrun: the default run folders this process's sessions took, absolute path -> count
-_RANKED: Dict[str, int] = {}
-
-
 def fresh_folder(path: str) -> str:
     """A default run folder of its own: ``path``, else ``path-2``, ``path-3``..., the first that
     did not exist, made here (``mkdir`` is atomic: two runs started in the same second, which
     shared one folder and showed as one run, get one each).
 
-    Under torchrun (or ``mp.spawn``) ``path`` as it is: the ranks of a machine share it (each
-    writes its ``rank<N>`` inside), and a rank cannot tell another rank's folder from an earlier
-    run's. A second default-folder session in the process (a fine-tuning phase after
-    pre-training) takes ``path-2``, a third ``path-3``: each rank counts its own sessions, and
-    ranks that open the same sessions pick the same folders (both phases shared one folder, the
-    second's steps from 1 again hiding the first's, as a rerun does). Where the folder cannot be
-    made, ``path``: :func:`check_logdir` then says why.
+    Under torchrun (or ``mp.spawn``) the ranks of a machine share the folder, each writing its
+    ``rank<N>`` inside, and a rank cannot tell another rank's folder from an earlier run's: each
+    rank claims ``path/rank<N>`` (made here), or where a session of its rank wrote into that
+    already, ``path-2/rank<N>``, and so on. A second phase (fine-tuning after pre-training: a
+    second session in the process, or a second ``mp.spawn`` of fresh processes, whose launcher
+    started at the same time) takes the next folder, as every rank does: ranks that open the
+    same sessions pick the same folders (both phases shared one, the second's steps from 1
+    hiding the first's as a rerun does). Where the folder cannot be made, ``path``:
+    :func:`check_logdir` then says why.
     """
-    if process_rank() is not None:
-        key = os.path.abspath(path)
-        n = _RANKED[key] = _RANKED.get(key, 0) + 1
-        return path if n == 1 else f"{path}-{n}"
+    rank = process_rank()
     try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        if rank is None:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         for i in range(1, 10_000):
             candidate = path if i == 1 else f"{path}-{i}"
             try:
-                os.mkdir(candidate)
+                if rank is None:
+                    os.mkdir(candidate)
+                else:
+                    os.makedirs(os.path.join(candidate, f"rank{rank}"))
                 return candidate
             except FileExistsError:
                 continue
