@@ -158,13 +158,29 @@ typedef struct {
     PyObject *step;
 } Step;
 
+/* GC-tracked: opt.step = patch(opt.step) is a cycle (optimizer, Step, bound method) */
+static int step_traverse(Step *self, visitproc visit, void *arg) {
+    Py_VISIT(self->step);
+    return 0;
+}
+
+static int step_clear(Step *self) {
+    Py_CLEAR(self->step);
+    return 0;
+}
+
 static void step_dealloc(Step *self) {
-    Py_XDECREF(self->step);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    PyObject_GC_UnTrack(self);
+    step_clear(self);
+    PyObject_GC_Del(self);
 }
 
 static PyObject *step_call(PyObject *o, PyObject *const *args, size_t nargsf, PyObject *kw) {
     Step *self = (Step *)o;
+    if (!self->step) {
+        PyErr_SetString(PyExc_ReferenceError, "this step was cleared by the collector");
+        return NULL;
+    }
     double t0 = now_ms();
     PyObject *r = PyObject_Vectorcall(self->step, args, nargsf, kw);
     if (!r) return NULL;
@@ -182,7 +198,9 @@ static PyTypeObject StepType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "overhead_bound.Step",
     .tp_basicsize = sizeof(Step),
     .tp_dealloc = (destructor)step_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)step_traverse,
+    .tp_clear = (inquiry)step_clear,
     .tp_vectorcall_offset = offsetof(Step, vectorcall),
     .tp_call = PyVectorcall_Call,
 };
@@ -214,11 +232,12 @@ static PyObject *m_wrap(PyObject *Py_UNUSED(m), PyObject *source) {
 }
 
 static PyObject *m_patch(PyObject *Py_UNUSED(m), PyObject *step) {
-    Step *s = PyObject_New(Step, &StepType);
+    Step *s = PyObject_GC_New(Step, &StepType);
     if (!s) return NULL;
     Py_INCREF(step);
     s->step = step;
     s->vectorcall = step_call;
+    PyObject_GC_Track(s);
     return (PyObject *)s;
 }
 
@@ -246,16 +265,23 @@ static PyObject *m_log(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ssize_t
 
 static PyObject *m_drain(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(unused)) {
     double sum = 0;
-    for (Py_ssize_t i = 0; i < nkept; i++) {
-        PyObject *v = PyObject_CallMethodNoArgs(kept[i], s_item);
-        if (!v) return NULL;
-        sum += PyFloat_AsDouble(v);
-        Py_DECREF(v);
+    int failed = 0;
+    for (Py_ssize_t i = 0; i < nkept; i++) { /* every kept value released, whatever fails */
+        if (!failed) {
+            PyObject *v = PyObject_CallMethodNoArgs(kept[i], s_item);
+            double x = v ? PyFloat_AsDouble(v) : -1.0;
+            Py_XDECREF(v);
+            if (x == -1.0 && PyErr_Occurred())
+                failed = 1;
+            else
+                sum += x;
+        }
         Py_CLEAR(kept[i]);
     }
     for (Py_ssize_t i = 0; i < nrec; i++) sum += recs[i].v;
     Py_ssize_t n = nrec + nkept;
     nrec = nkept = 0;
+    if (failed) return NULL;
     return Py_BuildValue("(nd)", n, sum);
 }
 

@@ -47,9 +47,13 @@ def build(out_dir: str) -> Any:
     so = os.path.join(out_dir, "overhead_bound" + sysconfig.get_config_var("EXT_SUFFIX"))
     cc = (sysconfig.get_config_var("CC") or "cc").split()
     cmd = cc + ["-O2", "-shared", "-fPIC", "-I", sysconfig.get_paths()["include"], src, "-o", so]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"building {src} failed ({' '.join(cmd)}):\n{done.stderr}\n"
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        said = done.stderr if done.returncode != 0 else None
+    except OSError as exc:  # no compiler at all
+        said = str(exc)
+    if said is not None:
+        sys.exit(f"building {src} failed ({' '.join(cmd)}):\n{said}\n"
                  f"This script needs a C compiler and Python's headers, as trainkit's own "
                  f"extension does (apt install gcc python3-dev).")
     spec = importlib.util.spec_from_file_location("overhead_bound", so)
