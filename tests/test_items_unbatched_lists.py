@@ -100,6 +100,57 @@ def test_a_batch_that_leaves_the_records_shape_is_walked_not_raised_on():
     assert count(records) == 2
 
 
+_SIZES = [(20, 30), (25, 17), (31, 31), (12, 40)]
+
+
+def _pairs() -> tuple:
+    """A super-resolution batch from tuple(zip(*b)): low-resolution images and their targets."""
+    return (tuple(_img(h, w) for h, w in _SIZES), tuple(_img(2 * h, 2 * w) for h, w in _SIZES))
+
+
+def test_image_to_image_pairs_count_their_samples():
+    # Both columns are (3, H_i, W_i): the targets were taken for per-view targets (each with
+    # the views' first dimension), and 3 channels counted.
+    count = ItemsCounter()
+    assert count(_pairs()) == 4 and not count.first
+    assert count(((_img(20, 30),), (_img(40, 60),))) == 1
+    assert ItemsCounter()(((_img(20, 30),), (_img(40, 60),))) == 1  # a batch of 1 first
+    assert ItemsCounter()(([_img()] * 4, [_img(10, 10)] * 4)) == 4  # one size each
+    # Per-view targets still tell views: of a lower rank (RotNet's), or of one shape where the
+    # views' shapes vary.
+    assert ItemsCounter()(([torch.zeros(5, 3, 4, 4)] * 4, [torch.zeros(5)] * 4)) == 5
+    views = [torch.zeros(6, 3, 8, 8), torch.zeros(6, 3, 4, 4)]
+    assert ItemsCounter()((views, [torch.zeros(6, 1, 1, 1)] * 2)) == 6
+
+
+def test_the_order_of_the_columns_does_not_change_the_count():
+    noisy, clean = _pairs()
+    names = ("a.png", "b.png", "c.png", "d.png")
+    for batch in ((noisy, clean, names), (noisy, names, clean), (noisy, clean)):
+        count = ItemsCounter()
+        assert [count(batch), count(batch)] == [4, 4] and not count.first, batch
+    # Labels of the views' first dimension beside names of the views, either order: views.
+    crops = [torch.zeros(8, 3, 4, 4)] * 2
+    assert ItemsCounter()((crops, torch.zeros(8), ["global", "local"])) == 8
+    assert ItemsCounter()((crops, ["global", "local"], torch.zeros(8))) == 8
+
+
+def test_labels_of_neither_length_count_the_batch():
+    # Each sample a list of variable-length segments: the first list is one sample's (2).
+    count = ItemsCounter()
+    for n in (8, 5):
+        assert count(([[torch.zeros(5), torch.zeros(9)] for _ in range(n)], torch.zeros(n))) == n
+    assert count.path == [1] and not count.first
+    # Time-major views, each (T_i, B, D): neither 2 views nor T = 7 steps.
+    count = ItemsCounter()
+    for b in (16, 3):
+        assert count(([torch.zeros(7, b, 4), torch.zeros(11, b, 4)], torch.zeros(b))) == b
+    assert not count.first
+    # Labels of two other lengths tell nothing: the lengths differ, as variable sequences do.
+    seqs = [torch.zeros(t, 4) for t in (2, 5, 3)]
+    assert ItemsCounter()((seqs, torch.zeros(8), torch.zeros(9))) == 3
+
+
 class _Images(torch.utils.data.Dataset):
     """Images of varying sizes and int labels, as ImageFolder without a resize gives."""
 

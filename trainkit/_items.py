@@ -24,17 +24,29 @@ class ItemsCounter:
 
     A first tensor in a list (or tuple) of tensors of one rank, inside the batch, is of either
     the batch's views, each batched (a multi-crop's ``([crops_a, crops_b], labels)``, each crop
-    (B, 3, H, W)): their first dimension counts; or its unbatched samples (``([img] * 8,
+    (B, 3, H, W)): their first dimension, B, counts; or its unbatched samples (``([img] * 8,
     labels)`` of variable-size images, each (3, H, W), from ``tuple(zip(*b))`` or a custom
-    collate): the list's length counts. The first batch tells which, in this order: a tensor
-    beside the list, not itself in such a list, whose first dimension is the list's length
-    (samples; that tensor is then counted, right either way) or the tensors' (views); else
-    tensors whose first dimensions differ (samples: the views of a batch share theirs); else a
-    sequence beside the list, in the same container, as long as it (samples: another column of
-    ``tuple(zip(*b))``, e.g. int labels or file names), unless it is a list of tensors with the
-    views' first dimension (per-view targets). With no such evidence (``{"images": [img] * 8}``
-    alone) the first tensor's first dimension counts, as for any batch; so does a batch that is
-    itself a list of tensors, which is a collated ``(inputs, targets, ...)``.
+    collate): the list's length counts. The first batch gathers the evidence from all of the
+    list's siblings, so their order does not matter, then decides, the first rule that holds:
+
+    1. Tensors beside the list (not themselves in a list of tensors) with the list's length,
+       and none with B instead: samples, counted by such a tensor (right either way when B is
+       the list's length too).
+    2. None of either, and 1-d ones (labels) of one other length: that length, counted by one
+       of them; the list is neither, e.g. a sample's segments (``([[seg, seg]] * 8,
+       labels)``) or time-major views, each (T_i, B, D).
+    3. Tensors in the list whose first dimensions differ: samples (the views of a batch share
+       B).
+    4. Tensors beside with B, and none with the list's length: views.
+    5. Else the sequences beside the list, in its container, as long as it: a list of per-view
+       targets (each (B, ...) and not sample-shaped: of a lower rank, as RotNet's (B,)
+       rotation per view, or of one shape where the list's shapes vary) tells views; any
+       other (file names, ints, boxes of their own sizes, a denoiser's clean images beside its
+       noisy ones, each (3, H_i, W_i)) tells samples; both, or none, tell nothing.
+
+    With no evidence (``{"images": [img] * 8}`` alone) the first tensor's first dimension
+    counts, as for any batch; so does a batch that is itself a list of tensors, which is a
+    collated ``(inputs, targets, ...)``.
 
     Batches of one loader share a structure, so after the first one the count is an index or two
     and a type check, not a walk. ``first`` tells that the tensor is ``batch[0]`` of a tuple or
@@ -152,9 +164,10 @@ def _samples_or_views(batch: Any, path: List[Any], tensor: Any
                       ) -> Optional[Tuple[bool, List[Any], Any]]:
     """For the first tensor of ``batch`` (at ``path``) in a list of tensors of one rank inside
     the batch: ``(True, the list's path, the list)`` when the list holds unbatched samples,
-    ``(False, path, tensor)`` of a tensor beside it that counts them; None when the tensor's
-    first dimension counts (views, or nothing tells). The rule is ItemsCounter's docstring's;
-    this runs on the first batch only."""
+    ``(False, path, tensor)`` of a tensor beside it that counts the batch; None when the first
+    tensor's first dimension counts (views, or nothing tells). The rule is ItemsCounter's
+    docstring's: all the evidence is gathered first, so the siblings' order does not matter.
+    This runs on the first batch only."""
     if len(path) < 2:  # the batch itself is the list: a collated (inputs, targets, ...)
         return None
     where = path[:-1]
@@ -163,6 +176,9 @@ def _samples_or_views(batch: Any, path: List[Any], tensor: Any
         return None
     k, d = len(column), int(tensor.size(0))
     packed = _packed()
+    as_long: List[Tuple[List[Any], Any]] = []  # tensors beside with the list's length
+    as_views = False  # a tensor beside with the views' first dimension (not the list's length)
+    labels: List[Tuple[List[Any], Any]] = []  # 1-d tensors beside with another length
     for other_path, other in _tensors(batch, []):
         if other_path[:len(where)] == where:
             continue
@@ -173,20 +189,49 @@ def _samples_or_views(batch: Any, path: List[Any], tensor: Any
         else:
             n = int(other.size(0))
         if _is_column(_at(batch, other_path[:-1])):
-            continue  # one of another list of tensors: its own question, no answer to this one
+            continue  # in a list of tensors: a sibling sequence, weighed below
         if n == k:  # (k == d too: this tensor's count is right under either reading)
-            return False, other_path, other
-        if n == d:
-            return None
-    if any(int(t.size(0)) != d for t in column):
-        return True, where, column
-    for _, other in _children(_at(batch, where[:-1])):
-        if other is column or not isinstance(other, (tuple, list)) or len(other) != k:
-            continue
-        if _is_column(other) and all(int(t.size(0)) == d for t in other):
-            return None  # per-view targets: the views' first dimension
+            as_long.append((other_path, other))
+        elif n == d:
+            as_views = True
+        elif not isinstance(other, packed) and other.dim() == 1:
+            labels.append((other_path, other))
+    if as_long and not as_views:
+        return False, *as_long[0]
+    if not as_long and not as_views and len({int(t.size(0)) for _, t in labels}) == 1:
+        return False, *labels[0]  # the list is neither: a sample's segments, time-major views
+    if any(int(t.size(0)) != d for t in column):  # (the views of a batch share theirs)
+        samples: Optional[bool] = True
+    elif as_views and not as_long:
+        samples = False
+    else:  # no tensor beside, or some of either length: the sequences as long as the list
+        says = {_sequence_says(other, column, d) for _, other in _children(_at(batch, where[:-1]))
+                if other is not column and isinstance(other, (tuple, list)) and len(other) == k}
+        samples = says.pop() if len(says) == 1 else None
+    if samples and as_long:
+        return False, *as_long[0]
+    if samples:
         return True, where, column
     return None
+
+
+def _sequence_says(other: Any, column: Any, d: int) -> bool:
+    """Whether ``other``, a sequence beside ``column`` and as long as it, tells that the column
+    holds samples (True: another column of ``tuple(zip(*b))``) or batched views (False: their
+    per-view targets, each (B, ...) like the views, and not shaped like them)."""
+    if not _is_column(other) or any(int(t.size(0)) != d for t in other):
+        return True  # file names, ints, dicts, 0-d tensors, boxes (K_i, 4) of their own sizes
+    rank = column[0].dim()
+    if other[0].dim() < rank:  # RotNet's (B,) rotation per (B, 3, H, W) view, iBOT's masks
+        return False
+    # Per-view targets need not follow the views' sizes; a second column of samples (a
+    # denoiser's clean images beside its noisy ones) varies as the first does.
+    return not (other[0].dim() == rank and _shapes_vary(column) and not _shapes_vary(other))
+
+
+def _shapes_vary(column: Any) -> bool:
+    shape = column[0].shape
+    return any(t.shape != shape for t in column)
 
 
 def _is_column(node: Any) -> bool:
