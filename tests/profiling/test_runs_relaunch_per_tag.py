@@ -1,9 +1,12 @@
 """A relaunch into a run's folder that closed before its first step (a script restarted with the
-same logdir that crashed in setup, or exited before ``optimizer.step()``) hides only the tags it
-wrote again, as TensorBoard's default loader does: its close's system sample, under step 1 (or
-its ``steps_done``). It hid the whole earlier run: TA110 (no steps) and TA111 (a session "counted
-its steps again") for a run TensorBoard shows with all its step times. A later session that
-counted steps still hides every tag of the earlier ones from its first counted step on.
+same logdir that crashed in setup, or exited before ``optimizer.step()``) hid the whole earlier
+run: TA110 (no steps) and TA111 (a session "counted its steps again") for a run TensorBoard shows
+with all its step times. TensorBoard's default loader hides only the tags it wrote again (its
+close's system sample, under step 1 or its ``steps_done``); the analysis, beside a session that
+counted steps, hides such a relaunch whole, and it hides nothing (test_runs_failed_relaunch.py:
+its data wait at step 1 hid the run's). Where no session counted a step, the sessions merge tag
+by tag, as TensorBoard shows them. A later session that counted steps still hides every tag of
+the earlier ones from its first counted step on.
 """
 from __future__ import annotations
 
@@ -92,17 +95,20 @@ def test_a_relaunch_that_closed_before_its_first_step_hides_none_of_the_runs_ste
     assert all(steps_of(later[t]) == [1] for t in SYSTEM)
 
     run = runs.load_run(logdir, logdir)
-    assert run.sessions == (first, second) and run.hidden == () and run.started is None
+    # the relaunch counted no step: hidden whole, and it hides nothing
+    assert run.sessions == (first, second) and run.hidden == (second,)
+    assert run.hidden_counted == ()
+    assert run.started == runs.session_start(os.path.join(logdir, first))
     # the earlier run's steps, as both of TensorBoard's loaders show them
     shown = legacy(logdir)
     for tag in (STEP_TIME, UPDATE_MS, "loss"):
         assert run.scalars[tag] == earlier[tag] and steps_of(run.scalars[tag]) == \
             steps_of(shown[tag])
     assert steps_of(run.scalars[STEP_TIME]) == list(range(2, 13))
-    # the system tags the relaunch wrote again: its own point alone (the default loader drops
-    # the earlier session's from step 1 on; the legacy one, of file version 2, drops nothing)
-    for tag in SYSTEM:
-        assert run.scalars[tag] == later[tag]
+    # the system tags the relaunch wrote again: the run's own samples (the default loader
+    # shows the relaunch's point alone, dropping the earlier session's from step 1 on; the
+    # legacy one, of file version 2, drops nothing)
+    assert run.scalars == earlier
 
     found = tk.analyze(logdir)
     assert "TA110" not in codes(found) and "TA111" not in codes(found), found
@@ -116,24 +122,44 @@ def test_a_relaunch_that_closed_before_its_first_step_hides_none_of_the_runs_ste
     assert "TA110" not in out and "TA111" not in out, out
 
 
-def test_a_relaunch_hides_the_tags_it_wrote_again_from_the_step_it_wrote_them_at(tmp_path):
+def test_a_relaunch_that_logged_before_its_first_step_hides_no_tag_of_the_run(tmp_path):
     """A value logged before the first step (under step 1) hides that tag's points of the run
-    before, as TensorBoard's default loader does; the other tags stay."""
+    before in TensorBoard's default loader; the analysis keeps the run's: the relaunch counted
+    no step, so it hides nothing (it hid the run's losses since 42b0c5c)."""
     logdir = str(tmp_path / "exp")
     session(logdir, steps=12)
     session(logdir, steps=0, log_once=True)
-    first, _ = event_files(logdir)
+    first, second = event_files(logdir)
     earlier = runs.read_scalars(logdir, [first])
     run = runs.load_run(logdir, logdir)
-    assert run.hidden == ()
-    assert run.scalars["loss"] == [(1, 123.0)]
-    assert run.scalars[STEP_TIME] == earlier[STEP_TIME]
+    assert run.hidden == (second,) and run.hidden_counted == ()
+    assert run.scalars == earlier and (1, 123.0) not in run.scalars["loss"]
     assert "TA111" not in codes(tk.analyze(logdir))
+
+
+def test_where_no_session_counted_a_step_they_merge_tag_by_tag(tmp_path):
+    """Two sessions that counted no step: the later hides the tags it wrote again, from the step
+    it wrote them at, as TensorBoard's default loader does; the others stay (nothing to analyze
+    in either: TA110)."""
+    logdir = str(tmp_path / "exp")
+    session(logdir, steps=0, log_once=True)
+    relaunch(logdir, steps=0, crash=True)
+    first, second = event_files(logdir)
+    later = runs.read_scalars(logdir, [second])
+    assert sorted(later) == sorted(SYSTEM)
+    run = runs.load_run(logdir, logdir)
+    assert run.hidden == () and run.hidden_counted == ()
+    assert run.scalars["loss"] == [(1, 123.0)]
+    for tag in SYSTEM:
+        assert run.scalars[tag] == later[tag]
+    assert codes(tk.analyze(logdir)) == ["TA110"]
 
 
 def test_a_resumed_session_that_closed_before_its_first_step_hides_no_step(tmp_path):
     """Resumed at step 8 (``steps_done=8``) and crashed in setup: its close's sample goes under
-    step 8, which dropped the run's steps from 8 on, every tag alike."""
+    step 8, which dropped the run's steps from 8 on, every tag alike. TensorBoard's default
+    loader drops the run's system samples from step 8 on; the analysis hides the relaunch whole
+    (it counted no step)."""
     logdir = str(tmp_path / "exp")
     session(logdir, steps=12)
     relaunch(logdir, steps=0, steps_done=8, crash=True)
@@ -141,10 +167,8 @@ def test_a_resumed_session_that_closed_before_its_first_step_hides_no_step(tmp_p
     earlier, later = runs.read_scalars(logdir, [first]), runs.read_scalars(logdir, [second])
     assert all(steps_of(later[t]) == [8] for t in SYSTEM)
     run = runs.load_run(logdir, logdir)
-    assert run.hidden == ()
-    assert run.scalars[STEP_TIME] == earlier[STEP_TIME]
-    for tag in SYSTEM:
-        assert run.scalars[tag] == [p for p in earlier[tag] if p[0] < 8] + later[tag]
+    assert run.hidden == (second,) and run.hidden_counted == ()
+    assert run.scalars == earlier
     assert "TA111" not in codes(tk.analyze(logdir))
 
 
@@ -159,7 +183,7 @@ def test_a_rerun_that_counted_one_step_still_hides_the_run_before_it(tmp_path):
     later = runs.read_scalars(logdir, [second])
     assert STEP_TIME not in later and steps_of(later[UPDATE_MS]) == [1]
     run = runs.load_run(logdir, logdir)
-    assert run.hidden == (first,) and run.started is not None
+    assert run.hidden == run.hidden_counted == (first,) and run.started is not None
     assert run.scalars == later
     assert {"TA110", "TA111"} <= set(codes(tk.analyze(logdir)))
 
@@ -205,8 +229,8 @@ def served(port, server, log_path, want):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("steps_done", [0, 8])
-def test_tensorboards_default_loader_shows_every_tag_as_the_analysis_reads_it(tmp_path,
-                                                                              steps_done):
+def test_tensorboards_default_loader_shows_the_runs_steps_as_the_analysis_reads_them(tmp_path,
+                                                                                     steps_done):
     from ..process._util import REPO, child_env, free_port, stop_server
 
     root = tmp_path / "logs"
@@ -214,8 +238,16 @@ def test_tensorboards_default_loader_shows_every_tag_as_the_analysis_reads_it(tm
     session(logdir, steps=12)
     relaunch(logdir, steps=0, steps_done=steps_done, crash=True)
     run = runs.load_run(str(root), logdir)
+    first, second = event_files(logdir)
+    later = runs.read_scalars(logdir, [second])
     want = {tag: steps_of(points) for tag, points in run.scalars.items()}
     assert want[STEP_TIME] == list(range(2, 13))
+    # the system tags the relaunch wrote again: the analysis keeps the run's samples (the
+    # relaunch counted no step), TensorBoard drops them from the relaunch's step on
+    for tag in SYSTEM:
+        assert run.scalars[tag] == runs.read_scalars(logdir, [first])[tag]
+        (at,) = steps_of(later[tag])
+        want[tag] = [s for s in want[tag] if s < at] + [at]
 
     port = free_port()
     log_path = tmp_path / "tensorboard.log"

@@ -1,10 +1,10 @@
 """TA111 is said where a rerun's steps hide an earlier session's steps, and only there.
 
-A relaunch that crashed in setup writes its close's system sample alone, at step 1. After a run,
-one such relaunch hides nothing; a second one writes that sample again and so hides the first
-whole (TensorBoard's default loader drops it too), and TA111 said that a later session "counted
-its steps again" where none had counted a step, and that the findings left a session out where
-no step of any was left out. The same for such a relaunch followed by a rerun that counts steps.
+A relaunch that crashed in setup writes its close's system sample alone, at step 1. The analysis
+hides such a session whole where another counted steps (runs.py), and TA111 said that a later
+session "counted its steps again" where none had counted a step, and that the findings left a
+session out where no step of any was left out. The same for such a relaunch followed by a rerun
+that counts steps.
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_two_relaunches_that_crashed_in_setup_after_a_run_get_no_ta111(tmp_path,
     session(logdir, steps=0, crash=True)
     trained, crashed, again = event_files(logdir)
     run = runs.load_run(logdir, logdir)
-    assert run.hidden == (crashed,)  # the second relaunch's sample hides the first's whole
+    assert run.hidden == (crashed, again) and run.hidden_counted == ()  # no step in either
     assert STEP_TIME not in runs.read_scalars(logdir, [crashed])
     assert STEP_TIME not in runs.read_scalars(logdir, [again])
 
@@ -92,7 +92,7 @@ def test_relaunches_that_only_crashed_get_no_ta111_and_ta110_still(tmp_path):
 
 
 def test_a_rerun_that_counted_steps_still_gets_ta111_over_the_crashes_between(tmp_path):
-    """The run's steps hidden by a rerun's: TA111, naming every session it leaves out."""
+    """The run's steps hidden by a rerun's: TA111, saying every session it leaves out."""
     logdir = str(tmp_path / "exp")
     session(logdir, steps=12)
     session(logdir, steps=0, crash=True)
@@ -101,4 +101,5 @@ def test_a_rerun_that_counted_steps_still_gets_ta111_over_the_crashes_between(tm
     assert runs.load_run(logdir, logdir).hidden == (trained, crashed)
     (f,) = [f for f in tk.analyze(logdir) if f.code == "TA111"]
     assert "3 sessions wrote" in f.evidence and "counted its steps again" in f.evidence
-    assert f"TensorBoard shows, {rerun}" in f.evidence and "the 2 earlier one(s)" in f.evidence
+    assert f"TensorBoard shows, {rerun}" in f.evidence and "the 1 earlier one(s)" in f.evidence
+    assert "so is 1 session(s) that counted no step" in f.evidence, f.evidence

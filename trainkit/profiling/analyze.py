@@ -5,7 +5,11 @@ once: its ``trainkit/*`` scalars go through :mod:`.analyzers.records`, its trace
 :mod:`.analyzers.traces`. A trace that cannot be read becomes a finding naming the file, unless
 torch.profiler may still be writing it (it changed within the last minute): such a trace is left
 out until it is complete, and said to be still being written. A folder holding several sessions
-(a script run again with the same logdir) is analyzed for its latest one, and a finding says so.
+(a script run again with the same logdir, a run resumed from a checkpoint) is analyzed as one
+run (:mod:`.runs`): a rerun alone (TA111 names the sessions it hides), a resumed run up to its
+checkpoint and the resumed session from there. A relaunch that counted no step (it crashed in
+setup or in its first step) is left out, and so are the traces of steps a later session counted
+again.
 Each run's report says which steps its traces hold (:class:`Profiled`): the trace findings are
 of those steps alone, a few of the run's, which a user looks up in TensorBoard's step times.
 """
@@ -90,7 +94,9 @@ class RunReport:
     is_trainkit: bool = True
     #: traces torch.profiler may still be writing: left out of the findings until complete
     writing: Tuple[str, ...] = ()
-    #: traces of the folder's earlier sessions, left out of the findings (see TA111)
+    #: traces of the folder's earlier sessions, left out of the findings: written before the
+    #: first session shown (see TA111), or of steps a later session counted again
+    #: (:meth:`.runs.Run.replaced`)
     earlier_traces: Tuple[str, ...] = ()
     #: the steps the traces analyzed hold
     profiled: Profiled = Profiled()
@@ -107,8 +113,11 @@ class RunReport:
                 "profiled": self.profiled.to_dict()}
 
 
-def _trace_findings(run: Run, now: float) -> Tuple[List[TraceStats], List[Finding], List[str]]:
-    stats, bad, writing = [], [], []
+def _trace_findings(run: Run, now: float
+                    ) -> Tuple[List[TraceStats], List[Finding], List[str], List[str]]:
+    """The stats of the run's traces, TA100 for the unreadable ones, the traces being written,
+    and those of steps a later session counted again (read once: their steps say it)."""
+    stats, bad, writing, replaced = [], [], [], []
     for path in run.traces:
         try:
             before = os.stat(path)
@@ -116,7 +125,11 @@ def _trace_findings(run: Run, now: float) -> Tuple[List[TraceStats], List[Findin
             continue
         try:
             events = read_trace(path)
-            stats.append(summarize(events, meta=events.meta))
+            st = summarize(events, meta=events.meta)
+            if run.replaced(path, st.run_steps):
+                replaced.append(path)
+            else:
+                stats.append(st)
         except TraceError as exc:
             if being_written(path, before, now=now):  # half-written: not a broken file (yet)
                 writing.append(path)
@@ -129,7 +142,7 @@ def _trace_findings(run: Run, now: float) -> Tuple[List[TraceStats], List[Findin
                 fix=f"delete {path} and profile again (a trace is written when a profiling "
                     f"cycle ends, or when the session closes during one)",
                 severity="low", run=run.name))
-    return stats, bad, writing
+    return stats, bad, writing, replaced
 
 
 def analyze_run(logdir: str, folder: str, *, clock: Callable[[], float] = time.time,
@@ -144,7 +157,11 @@ def analyze_run(logdir: str, folder: str, *, clock: Callable[[], float] = time.t
         run = dataclasses.replace(run, name=name)
     st = record_rules.Steps(run)  # the one selection of steps the findings and breakdown share
     found = [dataclasses.replace(f, run=run.name) for f in record_rules.findings(st)]
-    stats, bad, writing = _trace_findings(run, clock())
+    stats, bad, writing, replaced = _trace_findings(run, clock())
+    if replaced:  # left out as an earlier session's are, in the report and in TA111 alike
+        run = dataclasses.replace(
+            run, traces=tuple(t for t in run.traces if t not in replaced),
+            earlier_traces=tuple(sorted(run.earlier_traces + tuple(replaced))))
     t = trace_rules.Traces(stats)
     if t.steps:
         codes = {f.code for f in found}
@@ -227,7 +244,9 @@ def analyze(logdir: Union[str, "os.PathLike[str]"]) -> List[Finding]:
     Reads the session's TensorBoard records (data wait, copies, update time, recompiles, garbage
     collections) and its torch.profiler traces (host syncs, ``empty_cache``, idle GPU,
     pageable copies). Each finding has its evidence, its share of step time and a fix. A run
-    folder holding several sessions is analyzed for its latest one (TA111 names the others); a
+    folder holding several sessions is analyzed as one run: a rerun alone (TA111 names the
+    sessions it hides), a resumed run up to its checkpoint and the resumed session from there;
+    a relaunch that counted no step (it crashed in setup or in its first step) is left out. A
     trace torch.profiler is still writing is left out, with a ``UserWarning`` naming it.
 
     Raises:

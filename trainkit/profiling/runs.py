@@ -10,12 +10,16 @@ at each point whose step does not increase, the points of that point's tag from 
 its Scalars tab shows the latest session's steps (``--load_fast=false`` draws them one after the
 other). A session resumed from a checkpoint (``tk.session(..., steps_done=N)``) numbers its steps
 on from N + 1: TensorBoard shows the sessions before it as one run with it, less their steps
-after N. A run is read the same way: each tag a later session wrote again drops the earlier
-sessions' points of that tag from the step it wrote it at, and a later session that counted
-steps drops every tag's from its first counted step on (the earlier steps from there are
-another run's); a session with no point left is hidden (a rerun), and the traces written before
-the first session shown are left out with it. A relaunch that closed before its first step (it
-crashed in setup) hides only the tags it wrote: its system sample's, under step 1.
+after N. A run is analyzed much the same way. A session that counted no step (wrote no
+``trainkit/update_ms`` or ``step_time_ms``), in a folder where another did, is hidden whole and
+hides nothing: a relaunch that crashed in setup or in its first step is no run, and its close's
+system sample and first data wait at step 1 are not the run's (TensorBoard shows them). Among the
+others, each tag a later session wrote again drops the earlier sessions' points of that tag from
+the step it wrote it at, and a later session that counted steps drops every tag's from its first
+counted step on (the earlier steps from there are another run's); a session with no point left
+is hidden (a rerun). Left out with them: the traces written before the first session shown, and
+those holding steps a later session counted again (:meth:`Run.replaced`). Where no session
+counted a step, all of them merge tag by tag, as TensorBoard shows them.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ import os
 import re
 import struct
 import zlib
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..recorder import PREFIX, STEP_TIME, UPDATE_MS
 from ..sinks.tensorboard import masked_crc32c
@@ -51,7 +55,8 @@ class Run:
     path: str
     #: the scalars of the sessions shown (a folder with several: see ``sessions``)
     scalars: Dict[str, List[Tuple[int, float]]]
-    #: the traces of the sessions shown (every trace, when the folder holds one session or none)
+    #: the traces of the sessions shown (every trace, when the folder holds one session or none);
+    #: the analysis reads each and leaves out those :meth:`replaced` says a later one redid
     traces: Tuple[str, ...]
     #: the event files holding trainkit records, one per session, oldest first
     sessions: Tuple[str, ...] = ()
@@ -60,17 +65,40 @@ class Run:
     started: Optional[float] = None
     #: the traces written before the first session shown started, left out of its analysis
     earlier_traces: Tuple[str, ...] = ()
-    #: the sessions later ones hide: they counted steps again from their first step or before, or
-    #: wrote again every tag of theirs (a rerun into the same folder), so no point of theirs is
-    #: shown or analyzed
+    #: the sessions whose points are neither shown nor analyzed: those later ones hide (they
+    #: counted steps again from their first step or before, or wrote again every tag of theirs: a
+    #: rerun into the same folder), and, in a folder where a session counted steps, each one that
+    #: counted none (a relaunch that crashed in setup or in its first step), hidden whole
     hidden: Tuple[str, ...] = ()
+    #: of ``hidden``, the sessions that counted steps (wrote ``trainkit/update_ms`` or
+    #: ``trainkit/step_time_ms``): the steps a rerun leaves out of the analysis (TA111)
+    hidden_counted: Tuple[str, ...] = ()
     #: ``trainkit/meta/...`` text summaries of the sessions shown (a patched DataLoader's
     #: settings: :mod:`trainkit._loaderinfo`), ``tag -> text``; a later session's win
     meta: Dict[str, str] = dataclasses.field(default_factory=dict)
+    #: ``(started, first counted step)`` of each session shown after the first, where sessions
+    #: counted steps (:meth:`replaced`)
+    restarts: Tuple[Tuple[float, int], ...] = ()
 
     def values(self, tag: str) -> Dict[int, float]:
         """``step -> value`` of one tag (the last value written for a step wins)."""
         return dict(self.scalars.get(tag, ()))
+
+    def replaced(self, trace: str, steps: Sequence[int]) -> bool:
+        """Whether a later session counted again steps the trace ``trace`` holds (``steps``,
+        as ``trainkit/step_time_ms`` numbers them): it was written before a session shown
+        started and holds a step from that one's first counted step on (a session resumed from
+        an earlier checkpoint, which TensorBoard shows there), so it is left out of the
+        analysis. A trace without step marks (no ``steps``) is kept.
+
+        Example::
+
+            events = read_trace(path); run.replaced(path, summarize(events).run_steps)
+        """
+        if not self.restarts or not steps:
+            return False
+        written, last = trace_time(trace), max(steps)
+        return any(written < started and last >= first for started, first in self.restarts)
 
     @property
     def is_trainkit(self) -> bool:
@@ -261,7 +289,12 @@ def load_run(logdir: str, folder: str) -> Run:
                    traces=tuple(traces), sessions=sessions, meta=got)
     meta: Dict[str, Dict[str, str]] = {f: {} for f in sessions}
     read = [(f, read_scalars(folder, [f], meta=meta[f])) for f in sessions]
-    scalars, shown = _merge_sessions(read)
+    counted = {f: first for f, first in ((f, _first_counted(got)) for f, got in read)
+               if first is not None}
+    # A session that counted no step beside one that did is no run: merged, its data wait at
+    # step 1 (a crash in its first step) hid the run's, its meta replaced the run's optimizers
+    scalars, shown = _merge_sessions([(f, got) for f, got in read if f in counted]
+                                     if counted else read)
     # A session that wrote no scalar (killed before its first flush: the versions text alone)
     # hides nothing in TensorBoard, and is no session the analysis leaves out
     empty = {f for f, got in read if not any(got.values())}
@@ -271,14 +304,23 @@ def load_run(logdir: str, folder: str) -> Run:
     if started is not None:
         earlier = [t for t in traces if trace_time(t) < started]
         traces = [t for t in traces if t not in earlier]
+    starts = [(session_start(os.path.join(folder, f)), counted[f])
+              for f in (shown[1:] if counted else [])]
     return Run(name=name, path=folder, scalars=scalars, traces=tuple(traces), sessions=sessions,
                started=started, earlier_traces=tuple(earlier), hidden=hidden,
-               meta={tag: text for f in shown for tag, text in meta[f].items()})
+               hidden_counted=tuple(f for f in hidden if f in counted),
+               meta={tag: text for f in shown for tag, text in meta[f].items()},
+               restarts=tuple((t, first) for t, first in starts if t is not None))
 
 
 #: What only a counted step writes (its optimizer's update, its time since the step before): a
 #: session that wrote one counted steps, from the first step it wrote them at.
 _STEP_TAGS = (UPDATE_MS, STEP_TIME)
+
+
+def _first_counted(got: Dict[str, List[Tuple[int, float]]]) -> Optional[int]:
+    """The first step a session (its scalars ``got``) counted, or None where it counted none."""
+    return min((p[0] for tag in _STEP_TAGS for p in got.get(tag, ())), default=None)
 
 
 def _merge_sessions(read: List[Tuple[str, Dict[str, List[Tuple[int, float]]]]]
@@ -292,6 +334,7 @@ def _merge_sessions(read: List[Tuple[str, Dict[str, List[Tuple[int, float]]]]]
     resumed one: from its ``steps_done`` + 1) drops every tag from its first counted step on,
     also those it did not write again, which TensorBoard keeps: the earlier run's ``gc_ms`` (a
     ``gc.collect()`` the rerun no longer makes) would be analyzed as the rerun's.
+    :func:`load_run` passes only the sessions that counted steps, where one did.
     """
     after: List[Tuple[Optional[int], Dict[str, int]]] = []  # what the sessions after each drop
     counted: Optional[int] = None  # the first counted step of the sessions after
@@ -301,8 +344,9 @@ def _merge_sessions(read: List[Tuple[str, Dict[str, List[Tuple[int, float]]]]]
         for tag, points in got.items():
             first = min(p[0] for p in points)
             firsts[tag] = min(first, firsts.get(tag, first))
-            if tag in _STEP_TAGS:
-                counted = first if counted is None else min(counted, first)
+        own = _first_counted(got)
+        if own is not None:
+            counted = own if counted is None else min(counted, own)
     after.reverse()
     out: Dict[str, List[Tuple[int, float]]] = {}
     shown = []

@@ -9,7 +9,7 @@ from ...recorder import (AMP_SKIPPED, CLOSURE_MS, COMPILE_RECOMPILES, COMPILE_SE
                          GC_FULL, GC_MS, H2D_MS, H2D_PINNED_PCT, PREFIX, SAMPLES_PER_S, STEP_TIME,
                          UPDATE_MS)
 from ..finding import Finding, severity_for
-from ..runs import Run, read_scalars
+from ..runs import Run
 from .loaders import advice as loader_advice
 
 #: The fix for pageable copies, whether the records or a trace found them.
@@ -336,17 +336,19 @@ def several_sessions(run: Run) -> Optional[Finding]:
     """TA111: a session wrote into the run's folder again from step 1 (or from before the first
     step of another): TensorBoard shows only the later one, and so only it is analyzed.
 
-    Said only where a hidden session counted steps: the steps a user would miss in the findings.
-    A session that counted none (a relaunch that crashed in setup: its close's system sample at
-    step 1 is all it wrote) leaves no step out when it is hidden, by a rerun counting from step 1
-    or by a second such relaunch writing that sample again (which hides it whole, in TensorBoard's
-    default loader too): no finding, as for one such relaunch after a run, which hides nothing.
+    Said only where a hidden session counted steps (``Run.hidden_counted``): the steps a user
+    would miss in the findings. A session that counted none (a relaunch that crashed in setup or
+    in its first step) is hidden from the analysis wherever another counted steps, and leaves no
+    step out: no finding, and not counted among the earlier sessions left out.
 
     A session resumed with ``tk.session(..., steps_done=N)`` continues the run: no finding.
     """
-    if not any(_counted_steps(run, f) for f in run.hidden):
+    if not run.hidden_counted:
         return None
-    n, shown = len(run.hidden), [f for f in run.sessions if f not in run.hidden]
+    n, shown = len(run.hidden_counted), [f for f in run.sessions if f not in run.hidden]
+    idle = len(run.hidden) - n  # relaunches that counted no step, before or after
+    also = (f" (so is {idle} session(s) that counted no step, a relaunch that crashed before "
+            f"its first one)" if idle else "")
     when = ("" if run.started is None else " started "
             + datetime.datetime.fromtimestamp(run.started).strftime("%Y-%m-%d %H:%M:%S"))
     traces = f" and {len(run.traces)} trace(s)" if run.traces else ""
@@ -357,9 +359,9 @@ def several_sessions(run: Run) -> Optional[Finding]:
                  f"its steps again from the first step of an earlier one or before (a script run "
                  f"again with the same logdir, from step 1): these "
                  f"findings are of the session(s) TensorBoard shows, {', '.join(shown)}{when}"
-                 f"{traces}; the {n} earlier one(s){left} are left out, as TensorBoard's Scalars "
-                 f"tab leaves them out (with --load_fast=false, it draws all of them one after "
-                 f"the other)",
+                 f"{traces}; the {n} earlier one(s){left} are left out{also}, as TensorBoard's "
+                 f"Scalars tab leaves them out (with --load_fast=false, it draws all of them one "
+                 f"after the other)",
         share=None, count=len(run.sessions),
         fix="give each run its own folder: tk.session(logdir='runs/exp2'), or tk.session() "
             "for a new dated one under runs/; a run resumed from a checkpoint goes on in the "
@@ -367,14 +369,6 @@ def several_sessions(run: Run) -> Optional[Finding]:
             "compare with an earlier session, move its event file (and its traces) into a "
             "folder of its own beside this one",
         severity="low", run=run.name)
-
-
-def _counted_steps(run: Run, session: str) -> bool:
-    """Whether the session of the event file ``session`` in the run's folder counted a step:
-    wrote a point of what only a counted step writes (its update, its time since the step
-    before), as the runs' merging rules tell one (:func:`..runs._merge_sessions`)."""
-    got = read_scalars(run.path, [session])
-    return UPDATE_MS in got or STEP_TIME in got
 
 
 def items_per_step(run: Run) -> Optional[float]:
