@@ -101,12 +101,15 @@ def _group_impl(opt: Any, group: Dict[str, Any]) -> Optional[str]:
     return None if foreach is None else "foreach" if foreach else "for-loop"
 
 
-def _default_foreach(opt: Any, group: Dict[str, Any]) -> Optional[bool]:
+def _default_foreach(opt: Any, group: Dict[str, Any], *,
+                     tensor_lr: Optional[bool] = None) -> Optional[bool]:
     """Whether torch.optim's step takes the multi-tensor update for a group that asked for
     neither, or None where this torch's rule cannot be read: torch's own rule (the same in
     torch 2.11 and 2.14: every parameter a plain tensor on a device with foreach kernels, CUDA
     and not the CPU, and not ``differentiable``), and Adam's (AdamW's) exception, a tensor
-    ``lr`` without ``capturable``, which keeps the for-loop."""
+    ``lr`` without ``capturable``, which keeps the for-loop. ``tensor_lr``: whether to take
+    ``lr`` as a tensor (the compiled step asks before it puts one there,
+    trainkit/techniques/_hyper.py); by default, as the group holds it."""
     import torch
 
     try:
@@ -119,7 +122,8 @@ def _default_foreach(opt: Any, group: Dict[str, Any]) -> Optional[bool]:
                                                   use_fused=False)
     except Exception:  # noqa: BLE001 - the session's close goes on: it only records this
         return None
-    if foreach and isinstance(opt, torch.optim.Adam) and isinstance(group.get("lr"), torch.Tensor) \
-            and not group.get("capturable"):
+    if tensor_lr is None:
+        tensor_lr = isinstance(group.get("lr"), torch.Tensor)
+    if foreach and isinstance(opt, torch.optim.Adam) and tensor_lr and not group.get("capturable"):
         return False
     return foreach

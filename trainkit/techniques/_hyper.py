@@ -22,14 +22,42 @@ def _takes_tensor(opt: Any, group: Dict[str, Any], key: str) -> bool:
     if group.get("capturable") or (key == "lr" and group.get("fused")):
         return True
     params = group["params"]
+    first = params[0].device if params else None
+    if first is not None and first.type != "cpu" and any(p.device != first for p in params):
+        # The tensor is made on the first parameter's device (swap_in): on a GPU, the step's
+        # for-loop could not use it on the group's parameters elsewhere (floats, as before).
+        return False
     foreach = group.get("foreach")
-    if foreach is None:  # torch's default: foreach for CUDA parameters
-        foreach = bool(params) and params[0].is_cuda
+    if foreach is None:
+        foreach = _foreach_default(opt, group, key)
     if not foreach:
         return True  # the single-tensor loops take tensor lr/betas
     # foreach without capturable rejects tensors; dynamo sets capturable=True itself for CUDA
-    # parameters whose state does not exist yet (torch/_dynamo/variables/optimizer.py).
-    return all(p.is_cuda for p in params) and not any(opt.state.get(p) for p in params)
+    # and XPU parameters whose state does not exist yet (torch/_dynamo/variables/optimizer.py,
+    # the same in torch 2.11 and 2.14).
+    return all(p.is_cuda or p.is_xpu for p in params) \
+        and not any(opt.state.get(p) for p in params)
+
+
+def _foreach_default(opt: Any, group: Dict[str, Any], key: str) -> bool:
+    """Whether torch's step of ``group`` (``foreach=None``) takes the multi-tensor update, with
+    ``lr`` a tensor where it is the one asked about or already is one: torch's own rule
+    (trainkit/_optinfo.py): every parameter on a device with foreach kernels (CUDA, XPU...),
+    and Adam's (AdamW's) exception, a tensor ``lr`` without ``capturable`` keeps the for-loop,
+    which takes it. The first parameter alone, on CUDA alone, missed the exception: an Adam
+    whose state existed before its first compiled step (resumed from a checkpoint) kept a float
+    ``lr``, a recompile at each new value. Where this torch's rule cannot be read: every
+    parameter on CUDA."""
+    import torch
+
+    from .._optinfo import _default_foreach
+
+    tensor_lr = key == "lr" or isinstance(group.get("lr"), torch.Tensor)
+    foreach = _default_foreach(opt, group, tensor_lr=tensor_lr)
+    if foreach is None:
+        params = group["params"]
+        return bool(params) and all(p.is_cuda for p in params)
+    return foreach
 
 
 #: The first torch whose compiled Adam/AdamW step takes tensor betas on the CPU: at the step

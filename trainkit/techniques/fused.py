@@ -2,18 +2,26 @@
 
 ``tk.patch(optimizer)`` asks ``tk.technique("fused", <current value>)``; only when the answer
 differs (an ablation override) does it change ``param_groups[i]["fused"]`` and
-``defaults["fused"]``, and only where fused is valid: the optimizer has a ``fused`` option
-(Adam, AdamW, SGD, Adagrad...), every parameter is a floating tensor on a device with fused
-kernels (CUDA; the CPU too since torch 2.4), and the group is not ``differentiable``. Turning it
-on also turns ``foreach`` off (the two cannot both be True). ``tk.unpatch`` restores the values.
+``defaults["fused"]``, and only where that is valid: the optimizer has a ``fused`` option (Adam,
+AdamW, SGD, Adagrad in torch 2.11 to 2.14) and no group is ``differentiable``; to turn it on, this
+torch's own step must accept it for the optimizer's class and its parameters' devices and dtypes,
+which changes with the release (torch 2.11's Adagrad refuses it on CUDA, 2.13's takes it), so
+torch is asked: see :func:`_accepted`. Where it is not valid the optimizer is left as it is.
+Turning it on also turns ``foreach`` off (the two cannot both be True). ``tk.unpatch`` restores
+the values.
 """
 from __future__ import annotations
 
+import inspect
 import weakref
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 
 def _supported_devices() -> List[str]:
+    """The device types torch lists with fused optimizer kernels (CUDA; the CPU since torch 2.4).
+
+    Only the list: an optimizer class may refuse one of them (torch 2.11's Adagrad refuses CUDA),
+    which :func:`_accepted` asks the class itself."""
     try:
         from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
@@ -22,19 +30,109 @@ def _supported_devices() -> List[str]:
         return ["cuda"]
 
 
-def _valid(opt: Any) -> bool:
+def _valid(opt: Any, want: bool) -> bool:
+    """Whether ``fused=want`` may be set on ``opt``: it has the option, no group is
+    ``differentiable`` and, to turn it on, this torch's step accepts it (:func:`_accepted`).
+    Turning it off is always valid: every torch.optim optimizer with a fused update also has its
+    for-loop one, for any parameter."""
+    defaults = getattr(opt, "defaults", None)
+    if not isinstance(defaults, dict) or "fused" not in defaults:
+        return False
+    if any(g.get("differentiable") for g in opt.param_groups):
+        return False
+    return not want or _accepted(opt)
+
+
+def _torch_class(cls: type) -> type:
+    """The torch.optim class whose step ``cls`` runs (``cls`` itself, or the torch base of a
+    user's subclass, whose constructor may take other arguments); ``cls`` where it has none."""
     import torch
 
-    if "fused" not in opt.defaults:
+    for c in cls.__mro__:
+        if c is not torch.optim.Optimizer and issubclass(c, torch.optim.Optimizer) \
+                and c.__module__.startswith("torch.optim"):
+            return c
+    return cls
+
+
+def _accepted(opt: Any) -> bool:
+    """Whether this torch's step of ``opt``'s class runs ``fused=True`` for its parameters: asked
+    of a scratch twin, never of ``opt``.
+
+    Which (class, device, dtype) takes a fused step is each class's own code and changes with the
+    release (torch 2.11's Adagrad calls ``_device_dtype_check_for_fused(p, cuda_unsupported=True)``
+    although ``_get_fused_kernels_supported_devices()`` lists "cuda"; 2.13 and 2.14 accept it).
+    The twin is the class torch.optim defines, built with ``opt``'s options and groups, one
+    1-element parameter per (device, dtype) of each group; stepped once first where ``opt`` has
+    state there (Adagrad builds its state in the constructor, the others at their first step),
+    then switched exactly as :func:`apply` switches ``opt`` and stepped with a zero gradient.
+    Any exception means no: the step would have raised the same way on ``opt``. It costs a few
+    tiny allocations and kernel launches, once, at ``tk.patch`` (0.3 to 3 ms on a CPU, the first
+    the most); its step skips torch's step hooks and profiler range (:func:`_unhooked_step`), so
+    no user hook or trace sees it. A version table would cost nothing at run time but go stale
+    with each release; the device list is what went wrong.
+    """
+    import torch
+
+    cls = _torch_class(type(opt))
+    try:
+        accepts = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
         return False
-    devices = _supported_devices()
+    any_kw = any(a.kind is inspect.Parameter.VAR_KEYWORD for a in accepts.values())
+    kwargs = {k: v for k, v in opt.defaults.items()
+              if k != "params" and (any_kw or k in accepts)}
+    groups: List[Dict[str, Any]] = []
+    stateful: Dict[int, Any] = {}  # twin parameters whose (group, device, dtype) has state in opt
     for g in opt.param_groups:
-        if g.get("differentiable"):
-            return False
+        twins: Dict[Tuple[Any, Any], Any] = {}
         for p in g["params"]:
-            if p.device.type not in devices or not torch.is_floating_point(p):
-                return False
+            key = (p.device, p.dtype)
+            if key not in twins:
+                twins[key] = torch.zeros(1, device=p.device, dtype=p.dtype)
+            if opt.state.get(p):
+                stateful[id(twins[key])] = twins[key]
+        if twins:  # group options as they are, unknown keys too (add_param_group keeps them)
+            groups.append({**{k: v for k, v in g.items() if k != "params"},
+                           "params": list(twins.values())})
+    if not groups:
+        return True  # nothing to ask: torch checks the parameters added later at its step
+    try:
+        twin = cls(groups, **kwargs)
+        step = _unhooked_step(twin)
+        if stateful:  # the state opt has, made as it made it: by its own (unfused) step
+            for p in stateful.values():
+                p.grad = torch.zeros_like(p)
+            step()
+        for g in twin.param_groups:
+            for p in g["params"]:
+                p.grad = torch.zeros_like(p)
+        _set_fused(twin, True)
+        step()
+    except Exception:  # noqa: BLE001 - what the step raises on opt: torch's "no"
+        return False
     return True
+
+
+def _unhooked_step(opt: Any) -> Callable[[], Any]:
+    """``opt.step`` without torch's wrapper (global and per-optimizer hooks, the
+    ``Optimizer.step#...`` profiler range); the wrapped one where this torch has no such wrapper."""
+    step = type(opt).step
+    inner = getattr(step, "__wrapped__", None) if getattr(step, "hooked", False) else None
+    if inner is None:
+        return opt.step
+    return lambda: inner(opt)
+
+
+def _set_fused(opt: Any, want: bool) -> None:
+    """Set ``fused`` to ``want`` in every group and the defaults, ``foreach`` off with it on."""
+    for g in opt.param_groups:
+        g["fused"] = want
+        if want and g.get("foreach"):
+            g["foreach"] = False
+    opt.defaults["fused"] = want
+    if want and opt.defaults.get("foreach"):
+        opt.defaults["foreach"] = False
 
 
 def apply(opt: Any) -> Optional[Callable[[], None]]:
@@ -49,19 +147,13 @@ def apply(opt: Any) -> Optional[Callable[[], None]]:
 
     current = opt.defaults.get("fused") if hasattr(opt, "defaults") else None
     want = switches.technique("fused", current)
-    if bool(want) == bool(current) or not _valid(opt):
+    if bool(want) == bool(current) or not _valid(opt, bool(want)):
         return None
     want = bool(want)
     saved = [(g, g.get("fused"), g.get("foreach")) for g in opt.param_groups]
     saved_defaults = (opt.defaults.get("fused"), opt.defaults.get("foreach"))
     had = opt.__dict__.get("_step_supports_amp_scaling", None)
-    for g in opt.param_groups:
-        g["fused"] = want
-        if want and g.get("foreach"):
-            g["foreach"] = False
-    opt.defaults["fused"] = want
-    if want and opt.defaults.get("foreach"):
-        opt.defaults["foreach"] = False
+    _set_fused(opt, want)
     # What the constructor sets with fused=True: GradScaler then leaves unscaling to the kernel.
     opt._step_supports_amp_scaling = want
 

@@ -1,0 +1,172 @@
+"""The ``fused`` technique turns ``fused=True`` on only where this torch's own step takes it.
+
+Torch's device list (``_get_fused_kernels_supported_devices``) is not that answer: each class
+checks for itself, and the checks change by release (torch 2.11's Adagrad refuses fused on CUDA,
+which the list names; 2.13 and 2.14 take it). A technique that trusted the list turned fused on
+for a CUDA Adagrad on torch 2.11 and its first ``step()`` raised. That shows only on CUDA with
+torch 2.11; here the CPU stands in for CUDA: this torch's Adagrad is made to refuse the CPU as
+2.11's refuses CUDA, at the check its step makes (``_device_dtype_check_for_fused``).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, List
+
+import pytest
+import torch
+
+import trainkit as tk
+from trainkit import switches
+from trainkit.techniques import fused
+
+CLASSES = [torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad]
+_adagrad = importlib.import_module("torch.optim.adagrad")
+
+
+def _cpu_fused() -> None:
+    if "cpu" not in fused._supported_devices():
+        pytest.skip("fused optimizer kernels on the CPU need torch >= 2.4")
+
+
+def _model(device: str = "cpu") -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).to(device)
+
+
+def _train(opt: Any, model: torch.nn.Module, steps: int = 3) -> List[torch.Tensor]:
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(1)).to(
+        next(model.parameters()).device)
+    for _ in range(steps):
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _make(cls: type, model: torch.nn.Module) -> Any:
+    return cls(model.parameters(), lr=0.05, **({"momentum": 0.9} if cls is torch.optim.SGD else {}))
+
+
+@pytest.fixture
+def adagrad_refuses_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This torch's Adagrad refusing fused on the CPU as torch 2.11's refuses it on CUDA: 2.11's
+    ``_init_group`` calls ``_device_dtype_check_for_fused(p, cuda_unsupported=True)``, which
+    raises this error for a device the list of fused devices names. The list trainkit read
+    (torch.utils._foreach_utils) still names the CPU."""
+    real = _adagrad._device_dtype_check_for_fused
+
+    def check(p: torch.Tensor, cuda_unsupported: bool = False) -> None:
+        if p.device.type == "cpu":
+            raise RuntimeError("`fused=True` requires all the params to be floating point "
+                               f"Tensors of supported devices: ['cuda'] but {p.dtype} and cpu")
+        real(p, cuda_unsupported)
+
+    monkeypatch.setattr(_adagrad, "_device_dtype_check_for_fused", check)
+    assert "cpu" in fused._supported_devices()
+
+
+def test_a_class_refusing_fused_on_its_device_is_left_as_it_is(
+        adagrad_refuses_the_cpu: None) -> None:
+    """Before the fix: fused turned on (the device list names the CPU) and step() raised."""
+    _cpu_fused()
+    ref_model, model = _model(), _model()
+    ref = _train(torch.optim.Adagrad(ref_model.parameters(), lr=0.05), ref_model)
+    opt = torch.optim.Adagrad(model.parameters(), lr=0.05)
+    with switches.overrides({"fused": True}):
+        tk.patch(opt)
+    got = _train(opt, model)  # the for-loop step, as without the override (raised before)
+    assert opt.param_groups[0]["fused"] is None and opt.defaults["fused"] is None
+    assert "_step_supports_amp_scaling" not in opt.__dict__
+    assert all(torch.equal(a, b) for a, b in zip(got, ref))
+    tk.unpatch(opt)
+    assert opt.param_groups[0]["fused"] is None
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_the_answer_is_each_classs_own(cls: type, adagrad_refuses_the_cpu: None) -> None:
+    """Adagrad refusing the CPU leaves the others' fused CPU step on, and it runs."""
+    _cpu_fused()
+    ref_model, model = _model(), _model()
+    ref = _train(_make(cls, ref_model), ref_model)
+    opt = _make(cls, model)
+    with switches.overrides({"fused": True}):
+        tk.patch(opt)
+    on = cls is not torch.optim.Adagrad
+    assert opt.param_groups[0]["fused"] is (True if on else None)
+    got = _train(opt, model)
+    for a, b in zip(got, ref):  # the fused kernel rounds differently: ~1e-7 relative
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_fused_on_for_what_this_torch_takes_and_its_step_runs(cls: type) -> None:
+    """No stand-in: this torch's own answer for the CPU in float32 (yes, for all four since 2.4)
+    and in complex64 (no), with the state made before the patch (a step taken eagerly)."""
+    _cpu_fused()
+    for dtype, on in ((torch.float32, True), (torch.complex64, False)):
+        p = torch.nn.Parameter(torch.randn(3, dtype=dtype))
+        opt = cls([p], lr=0.05)
+        p.grad = torch.ones_like(p)
+        opt.step()  # eager, unfused: the state exists before the patch
+        with switches.overrides({"fused": True}):
+            tk.patch(opt)
+        assert bool(opt.param_groups[0]["fused"]) is on, (cls.__name__, dtype)
+        opt.step()
+        tk.unpatch(opt)
+
+
+def test_asking_torch_leaves_the_optimizer_and_hooks_untouched() -> None:
+    """The twin torch is asked of is not the optimizer: no state, parameter, hook or profiler
+    range of the user's sees it."""
+    _cpu_fused()
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    model = _model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    before = [p.detach().clone() for p in model.parameters()]
+    calls: List[Any] = []
+    handle = register_optimizer_step_pre_hook(lambda *a: calls.append(a))
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                    acc_events=True) as prof:
+            with switches.overrides({"fused": True}):
+                tk.patch(opt)
+    finally:
+        handle.remove()
+    assert opt.param_groups[0]["fused"] is True
+    assert calls == [] and len(opt.state) == 0
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
+    assert not [e.name for e in prof.events() if e.name.startswith("Optimizer.step")]
+
+
+def test_turning_fused_off_is_always_taken() -> None:
+    """The ablation's baseline: an optimizer built fused runs its for-loop step."""
+    _cpu_fused()
+    model = _model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.05, fused=True)
+    with switches.overrides({"fused": False}):
+        tk.patch(opt)
+    assert opt.param_groups[0]["fused"] is False and opt._step_supports_amp_scaling is False
+    _train(opt, model, steps=1)
+    tk.unpatch(opt)
+    assert opt.param_groups[0]["fused"] is True and opt._step_supports_amp_scaling is True
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_cuda_fused_where_this_torch_takes_it_and_the_step_always_runs(cls: type) -> None:
+    """On torch 2.11 a CUDA Adagrad is left unfused (its step refuses fused there); on 2.13+
+    it may be fused. Adam, AdamW and SGD take fused on CUDA in every torch with the option.
+    Either way the patched optimizer steps, to the reference's values."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    ref_model, model = _model("cuda"), _model("cuda")
+    ref = _train(_make(cls, ref_model), ref_model)
+    opt = _make(cls, model)
+    with switches.overrides({"fused": True}):
+        tk.patch(opt)
+    if cls is not torch.optim.Adagrad:
+        assert opt.param_groups[0]["fused"] is True
+    got = _train(opt, model)  # before the fix, torch 2.11's Adagrad raised here
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
