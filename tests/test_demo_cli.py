@@ -155,17 +155,19 @@ def test_epochs_after_max_seconds_are_not_run(tmp_path, monkeypatch):
     assert result.steps == 0 and len(calls) == 1
 
 
-def test_the_default_folder_under_torchrun_is_the_launchers_time(monkeypatch):
+def test_the_default_folder_under_torchrun_is_the_launchers_time(tmp_path, monkeypatch):
     """Each rank named the folder by its own clock: ranks a second apart wrote to two folders."""
     import datetime
     import os
 
     import psutil
 
+    monkeypatch.chdir(tmp_path)  # the rank claims runs/<folder>/rank1 there
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     started = datetime.datetime.fromtimestamp(psutil.Process(os.getppid()).create_time())
-    assert demo.default_logdir() == os.path.join("runs", started.strftime("demo-%Y%m%d-%H%M%S"))
+    folder = os.path.join("runs", started.strftime("demo-%Y%m%d-%H%M%S"))
+    assert demo.default_logdir() == folder and os.listdir(folder) == ["rank1"]
 
 
 def test_under_torchrun_a_rerun_counts_its_own_steps(tmp_path, monkeypatch):
