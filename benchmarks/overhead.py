@@ -104,6 +104,12 @@ def trainkit_parts(opt, batches, s, without: "tuple[str, ...]") -> Callable:
     blocks = {name: Block() for name in ("forward", "loss", "backward")}
     region = blocks.__getitem__ if "regions" in without else tk.profile_region
     log = {}.get if "log" in without else s.log
+    return loop_with(loader, region, log)
+
+
+def loop_with(loader, region: Callable, log: Callable) -> Callable:
+    """:func:`trainkit_loop`'s pass with its loader, regions and log given: ``loop(model, opt,
+    crit)`` (the parts left out above; overhead_bound.py's least recording)."""
 
     def loop(model: torch.nn.Module, opt, crit) -> None:
         for x, y in loader:

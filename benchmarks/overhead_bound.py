@@ -68,20 +68,10 @@ def bound_variant(mod: Any) -> Callable[..., Dict[str, Callable]]:
     def extra(model: torch.nn.Module, crit: Any, batches: List) -> Dict[str, Callable]:
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         opt.step = mod.patch(opt.step)
-        loader = mod.wrap(batches)
-        region, log = mod.region, mod.log
+        loop = overhead.loop_with(mod.wrap(batches), mod.region, mod.log)
 
         def bound() -> None:
-            for x, y in loader:
-                with region("forward"):
-                    out = model(x)
-                with region("loss"):
-                    loss = crit(out, y)
-                with region("backward"):
-                    loss.backward()
-                opt.step()
-                opt.zero_grad()
-                log("loss", loss)
+            loop(model, opt, crit)
             mod.drain()  # the writer's least work: the logged values read, the stores emptied
 
         return {"bound": bound}
