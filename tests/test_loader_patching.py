@@ -429,38 +429,55 @@ def test_a_copy_of_a_patched_loader_is_the_patch_of_a_copy_of_its_source(tmp_pat
         copy.copy(tk.patch(b for b in batches))
 
 
-def test_threads_calling_next_on_one_patched_iterator_take_turns(tmp_path):
-    # The second thread's next() while the first waited for its batch raised ValueError
-    # ("generator already executing"); unpatched, a list's or a DataLoader's iterator serves both.
+class _Slow:
+    """A source whose batches take a while, as a loader's do."""
+
+    def __init__(self, items, wait):
+        self.it, self.wait = iter(items), wait
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        time.sleep(self.wait)
+        return next(self.it)
+
+
+def _in_threads(*bodies):
+    """Run each body in a thread of its own, wait for all; what they raised (StopIteration
+    ends a body as its source running out, not as an error)."""
     import threading
 
-    class Slow:  # a source whose batches take a while, as a loader's do
-        def __init__(self):
-            self.it = iter([(torch.zeros(2, 3),)] * 40)
+    errors = []
 
-        def __iter__(self):
-            return self
-
-        def __next__(self):
-            time.sleep(0.002)
-            return next(self.it)
-
-    got, errors = [], []
-
-    def take(it):
+    def run(body):
         try:
-            for _ in range(20):
-                got.append(next(it))
+            body()
+        except StopIteration:
+            pass
         except BaseException as exc:  # noqa: B036 - the test reports what a thread raised
             errors.append(exc)
 
+    threads = [threading.Thread(target=run, args=(b,)) for b in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
+def test_threads_calling_next_on_one_patched_iterator_take_turns(tmp_path):
+    # The second thread's next() while the first waited for its batch raised ValueError
+    # ("generator already executing"); unpatched, a list's or a DataLoader's iterator serves both.
+    got = []
     with tk.session(logdir=tmp_path, system_metrics=False):
-        it = tk.patch(Slow())
-        threads = [threading.Thread(target=take, args=(it,)) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        it = tk.patch(_Slow([(torch.zeros(2, 3),)] * 40, 0.002))
+
+        def take():
+            for _ in range(20):
+                got.append(next(it))
+
+        errors = _in_threads(take, take)
         assert errors == [] and len(got) == 40
         with pytest.raises(StopIteration):
             next(it)
@@ -469,43 +486,18 @@ def test_threads_calling_next_on_one_patched_iterator_take_turns(tmp_path):
 def test_a_for_loop_and_next_in_two_threads_take_turns_on_one_pass(tmp_path):
     # The for loop going on with the pass next() began read it without the lock: next() in the
     # other thread, meanwhile, raised "generator already executing".
-    import threading
+    got = []
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        it = tk.patch(_Slow(range(60), 0.001))
+        got.append(next(it))  # the for loop goes on with this pass
 
-    class Slow:
-        def __init__(self):
-            self.it = iter(range(60))
-
-        def __iter__(self):
-            return self
-
-        def __next__(self):
-            time.sleep(0.001)
-            return next(self.it)
-
-    got, errors = [], []
-
-    def loop(it):
-        try:
+        def loop():
             for b in it:
                 got.append(b)
-        except BaseException as exc:  # noqa: B036 - the test reports what a thread raised
-            errors.append(exc)
 
-    def take(it):
-        try:
+        def take():
             for _ in range(20):
                 got.append(next(it))
-        except StopIteration:
-            pass
-        except BaseException as exc:  # noqa: B036
-            errors.append(exc)
 
-    with tk.session(logdir=tmp_path, system_metrics=False):
-        it = tk.patch(Slow())
-        got.append(next(it))  # the for loop goes on with this pass
-        threads = [threading.Thread(target=f, args=(it,)) for f in (loop, take)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        errors = _in_threads(loop, take)
     assert errors == [] and sorted(got) == list(range(60))
