@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 import pytest
 
@@ -28,6 +28,42 @@ def train(logdir: str, *, steps: int = 12, profile: Any = None,
         loader = [(torch.randn(8, model.in_features), torch.randn(8, 1)) for _ in range(steps)]
     with tk.session(logdir=logdir, profile=profile, system_metrics=False, steps_done=steps_done):
         train_steps(model, opt, loader, loss_fn=torch.nn.functional.mse_loss, each_step=each_step)
+
+
+def dominated_run(logdir: str, make: Callable[[Any], Any], *, device: str = "cpu",
+                   override: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """10 steps of a small layer beside 4M parameters whose gradient is kept across steps (only
+    the layer's is zeroed): the backward writes no 4M values each step, so the update dominates
+    the step even fused (~0.8 of it on a 2-core CPU; with the gradient made again each step a
+    fused update held ~0.35, too near TA104's 0.3). Returns the optimizer's recorded entry."""
+    import json
+
+    import torch
+
+    import trainkit as tk
+    from trainkit import switches
+    from trainkit._optinfo import META_OPTIMIZERS
+    from trainkit.profiling.runs import load_run
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 1).to(device)
+    big = torch.nn.Parameter(torch.zeros(2000, 2000, device=device))
+    big.grad = torch.randn_like(big)
+    opt = make([*lin.parameters(), big])
+    with switches.overrides(override or {}):
+        tk.patch(opt)
+    batches = [(torch.randn(8, 16, device=device), torch.randn(8, 1, device=device))
+               for _ in range(10)]
+    try:
+        with tk.session(logdir=logdir, system_metrics=False):
+            for x, y in batches:
+                torch.nn.functional.mse_loss(lin(x), y).backward()
+                opt.step()
+                lin.zero_grad()
+    finally:
+        tk.unpatch(opt)
+    (entry,) = json.loads(load_run(logdir, logdir).meta[META_OPTIMIZERS])
+    return entry
 
 
 class SleepyDataset:

@@ -5,44 +5,18 @@ said ``torch.optim.Adam(params, ..., fused=True)`` to a run of exactly that."""
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Optional
 
 import pytest
 import torch
 
 import trainkit as tk
-from trainkit import switches
 from trainkit._optinfo import META_OPTIMIZERS
 from trainkit.profiling.analyzers.records import Steps, _optimizer_fix
 from trainkit.profiling.runs import load_run
 from trainkit.techniques import fused as fused_technique
 
-
-def _dominated_run(logdir: str, make: Callable[[Any], Any], *, device: str = "cpu",
-                   override: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """10 steps of a small layer beside 4M parameters whose gradient is kept across steps (only
-    the layer's is zeroed): the backward writes no 4M values each step, so the update dominates
-    the step even fused (~0.8 of it on a 2-core CPU; with the gradient made again each step a
-    fused update held ~0.35, too near TA104's 0.3). Returns the optimizer's recorded entry."""
-    torch.manual_seed(0)
-    lin = torch.nn.Linear(16, 1).to(device)
-    big = torch.nn.Parameter(torch.zeros(2000, 2000, device=device))
-    big.grad = torch.randn_like(big)
-    opt = make([*lin.parameters(), big])
-    with switches.overrides(override or {}):
-        tk.patch(opt)
-    batches = [(torch.randn(8, 16, device=device), torch.randn(8, 1, device=device))
-               for _ in range(10)]
-    try:
-        with tk.session(logdir=logdir, system_metrics=False):
-            for x, y in batches:
-                torch.nn.functional.mse_loss(lin(x), y).backward()
-                opt.step()
-                lin.zero_grad()
-    finally:
-        tk.unpatch(opt)
-    (entry,) = json.loads(load_run(logdir, logdir).meta[META_OPTIMIZERS])
-    return entry
+from .conftest import dominated_run
 
 
 def _ta104(logdir: str):
@@ -57,7 +31,7 @@ def _fused_on_cpu():
 
 
 def test_a_fused_adam_is_not_told_to_use_fused(logdir):
-    entry = _dominated_run(logdir, lambda p: torch.optim.Adam(p, lr=1e-3, fused=True))
+    entry = dominated_run(logdir, lambda p: torch.optim.Adam(p, lr=1e-3, fused=True))
     assert entry == {"type": "Adam", "module": "torch.optim.adam", "stepped": True, "fused": True,
                      "foreach": None,
                      "impl": ["fused"]}
@@ -73,7 +47,7 @@ def test_a_fused_adam_is_not_told_to_use_fused(logdir):
 def test_fused_by_the_ablations_technique_counts_as_fused(logdir):
     # An ablation's {"fused": True} turns it on at tk.patch (param_groups and defaults), not
     # in the user's constructor: the close records what the step ran with.
-    entry = _dominated_run(logdir, lambda p: torch.optim.AdamW(p, lr=1e-3),
+    entry = dominated_run(logdir, lambda p: torch.optim.AdamW(p, lr=1e-3),
                            override={"fused": True})
     assert entry["fused"] is True and entry["impl"] == ["fused"], entry
     f = _ta104(logdir)
@@ -81,7 +55,7 @@ def test_fused_by_the_ablations_technique_counts_as_fused(logdir):
 
 
 def test_an_optimizer_on_its_multi_tensor_update_without_a_fused_one_is_told_to_compile(logdir):
-    entry = _dominated_run(logdir, lambda p: torch.optim.RMSprop(p, lr=1e-3, foreach=True))
+    entry = dominated_run(logdir, lambda p: torch.optim.RMSprop(p, lr=1e-3, foreach=True))
     assert entry == {"type": "RMSprop", "module": "torch.optim.rmsprop", "stepped": True,
                      "foreach": True, "impl": ["foreach"]}
     f = _ta104(logdir)
@@ -98,7 +72,7 @@ def test_an_optimizer_on_its_multi_tensor_update_without_a_fused_one_is_told_to_
      "the for-loop update"),
 ])
 def test_an_adam_not_fused_is_told_to_fuse_and_what_it_ran(logdir, make, asked, ran):
-    entry = _dominated_run(logdir, make)
+    entry = dominated_run(logdir, make)
     assert {k: entry[k] for k in asked} == asked
     f = _ta104(logdir)
     assert f.fix.startswith(f"it ran {ran}: use its fused implementation, "
@@ -106,7 +80,7 @@ def test_an_adam_not_fused_is_told_to_fuse_and_what_it_ran(logdir, make, asked, 
 
 
 def test_an_optimizer_on_its_for_loop_is_still_told_its_multi_tensor_form(logdir):
-    entry = _dominated_run(logdir, lambda p: torch.optim.RMSprop(p, lr=1e-3))
+    entry = dominated_run(logdir, lambda p: torch.optim.RMSprop(p, lr=1e-3))
     assert entry["foreach"] is None and entry["impl"] == ["for-loop"], entry
     f = _ta104(logdir)
     assert f.fix.startswith("it ran the for-loop update: use its multi-tensor implementation, "
@@ -118,7 +92,7 @@ def test_an_optimizer_on_its_for_loop_is_still_told_its_multi_tensor_form(logdir
 def test_foreach_by_default_on_cuda_is_recorded_as_ran(logdir):
     # foreach=None is torch's choice at each step: the multi-tensor update for CUDA parameters.
     # A 4M-parameter update takes well under TA104's 0.2 ms there, so the fix is read directly.
-    entry = _dominated_run(logdir, lambda p: torch.optim.RMSprop(p, lr=1e-3), device="cuda")
+    entry = dominated_run(logdir, lambda p: torch.optim.RMSprop(p, lr=1e-3), device="cuda")
     assert entry["foreach"] is None and entry["impl"] == ["foreach"], entry
     fix = _optimizer_fix(Steps(load_run(logdir, logdir)))
     assert "foreach=True" not in fix and "compile=True" in fix, fix
@@ -169,7 +143,7 @@ class Adam(torch.optim.Optimizer):
 def test_another_librarys_adam_is_not_told_torch_optims_forms(logdir):
     # Recorded by its name alone, it was read as torch.optim.Adam from a torch without fused:
     # "the update already runs multi-tensor (foreach), and torch.optim.Adam has no fused one".
-    entry = _dominated_run(logdir, lambda p: Adam(p, foreach=True))
+    entry = dominated_run(logdir, lambda p: Adam(p, foreach=True))
     assert entry["module"] == __name__ and entry["impl"] == ["foreach"], entry
     fix = _optimizer_fix(Steps(load_run(logdir, logdir)))
     assert "torch.optim.Adam has no fused one" not in fix and "foreach=True" not in fix, fix
@@ -186,5 +160,5 @@ def test_torchs_default_rule_raising_leaves_impl_out_and_the_close_goes_on(logdi
         raise RuntimeError("a group this torch's rule does not take")
 
     monkeypatch.setattr(torch_optimizer, "_default_to_fused_or_foreach", refuses)
-    entry = _dominated_run(logdir, lambda p: torch.optim.RMSprop(p, lr=1e-3))
+    entry = dominated_run(logdir, lambda p: torch.optim.RMSprop(p, lr=1e-3))
     assert entry["foreach"] is None and "impl" not in entry, entry
