@@ -294,7 +294,7 @@ def load_run(logdir: str, folder: str) -> Run:
     # A session that counted no step beside one that did is no run: merged, its data wait at
     # step 1 (a crash in its first step) hid the run's, its meta replaced the run's optimizers
     scalars, shown = _merge_sessions([(f, got) for f, got in read if f in counted]
-                                     if counted else read)
+                                     if counted else read, counted)
     # A session that wrote no scalar (killed before its first flush: the versions text alone)
     # hides nothing in TensorBoard, and is no session the analysis leaves out
     empty = {f for f, got in read if not any(got.values())}
@@ -323,7 +323,8 @@ def _first_counted(got: Dict[str, List[Tuple[int, float]]]) -> Optional[int]:
     return min((p[0] for tag in _STEP_TAGS for p in got.get(tag, ())), default=None)
 
 
-def _merge_sessions(read: List[Tuple[str, Dict[str, List[Tuple[int, float]]]]]
+def _merge_sessions(read: List[Tuple[str, Dict[str, List[Tuple[int, float]]]]],
+                    counted: Dict[str, int]
                     ) -> Tuple[Dict[str, List[Tuple[int, float]]], List[str]]:
     """The sessions' scalars as TensorBoard shows them, and the sessions shown (oldest first).
 
@@ -334,19 +335,20 @@ def _merge_sessions(read: List[Tuple[str, Dict[str, List[Tuple[int, float]]]]]
     resumed one: from its ``steps_done`` + 1) drops every tag from its first counted step on,
     also those it did not write again, which TensorBoard keeps: the earlier run's ``gc_ms`` (a
     ``gc.collect()`` the rerun no longer makes) would be analyzed as the rerun's.
-    :func:`load_run` passes only the sessions that counted steps, where one did.
+    :func:`load_run` passes only the sessions that counted steps, where one did, and
+    ``counted``: each one's first counted step (:func:`_first_counted`, found once there).
     """
     after: List[Tuple[Optional[int], Dict[str, int]]] = []  # what the sessions after each drop
-    counted: Optional[int] = None  # the first counted step of the sessions after
+    every: Optional[int] = None  # the first counted step of the sessions after
     firsts: Dict[str, int] = {}  # tag -> the first step the sessions after wrote it at
-    for _, got in reversed(read):
-        after.append((counted, dict(firsts)))
+    for name, got in reversed(read):
+        after.append((every, dict(firsts)))
         for tag, points in got.items():
             first = min(p[0] for p in points)
             firsts[tag] = min(first, firsts.get(tag, first))
-        own = _first_counted(got)
+        own = counted.get(name)
         if own is not None:
-            counted = own if counted is None else min(counted, own)
+            every = own if every is None else min(every, own)
     after.reverse()
     out: Dict[str, List[Tuple[int, float]]] = {}
     shown = []
