@@ -7,6 +7,7 @@
    type(cm).__enter__(cm) (contextlib.ExitStack) with it, which both take. */
 typedef struct {
     PyObject_HEAD
+    vectorcallfunc vectorcall; /* `with` calls it with no arguments tuple (tp_call would make one) */
     PyObject *starts; /* the name's stack of start times, shared with its full region */
     PyObject *now;    /* timing.now when the name was first used (as the map() entry had it) */
     PyObject *tap;    /* regions._TAP: `_is_profiler_enabled` */
@@ -26,6 +27,9 @@ static void enter_dealloc(RegionEnter *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static PyObject *enter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                  PyObject *kwnames);
+
 static PyObject *enter_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *starts, *now, *tap, *tc, *full;
     if (kw && PyDict_GET_SIZE(kw)) {
@@ -37,6 +41,7 @@ static PyObject *enter_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         return NULL;
     RegionEnter *self = (RegionEnter *)type->tp_alloc(type, 0);
     if (!self) return NULL;
+    self->vectorcall = enter_vectorcall;
     PyObject *all[] = {starts, now, tap, tc, full};
     for (int i = 0; i < 5; i++) Py_INCREF(all[i]);
     self->starts = starts;
@@ -47,8 +52,10 @@ static PyObject *enter_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return (PyObject *)self;
 }
 
-static PyObject *enter_call(RegionEnter *self, PyObject *args, PyObject *kw) {
-    if ((kw && PyDict_GET_SIZE(kw)) || PyTuple_GET_SIZE(args) > 1) {
+static PyObject *enter_vectorcall(PyObject *callable, PyObject *const *Py_UNUSED(args),
+                                  size_t nargsf, PyObject *kwnames) {
+    RegionEnter *self = (RegionEnter *)callable;
+    if ((kwnames && PyTuple_GET_SIZE(kwnames)) || PyVectorcall_NARGS(nargsf) > 1) {
         PyErr_SetString(PyExc_TypeError, "profile_region.__enter__() takes no arguments");
         return NULL;
     }
@@ -70,8 +77,9 @@ static PyTypeObject RegionEnterType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "trainkit._speedups.RegionEnter",
     .tp_basicsize = sizeof(RegionEnter),
     .tp_dealloc = (destructor)enter_dealloc,
-    .tp_call = (ternaryfunc)enter_call,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_vectorcall_offset = offsetof(RegionEnter, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_new = enter_new,
     .tp_doc = "RegionEnter(starts, now, tap, tc, full): push now() on starts, or enter full "
               "while a profiler records or CUDA is initialised.",
@@ -79,6 +87,7 @@ static PyTypeObject RegionEnterType = {
 
 typedef struct {
     PyObject_HEAD
+    vectorcallfunc vectorcall; /* `with` calls it with its 3 arguments, no tuple made */
     PyObject *tag;    /* "trainkit/region/<name>_ms" */
     PyObject *starts; /* shared with RegionEnter and the full region */
     PyObject *full;   /* the name's _Region: its __exit__ ends what it began */
@@ -98,6 +107,9 @@ static void exit_dealloc(RegionExit *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static PyObject *exit_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                 PyObject *kwnames);
+
 static PyObject *exit_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *tag, *starts, *full, *timing, *smod;
     if (kw && PyDict_GET_SIZE(kw)) {
@@ -109,6 +121,7 @@ static PyObject *exit_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         return NULL;
     RegionExit *self = (RegionExit *)type->tp_alloc(type, 0);
     if (!self) return NULL;
+    self->vectorcall = exit_vectorcall;
     PyObject *all[] = {tag, starts, full, timing, smod};
     for (int i = 0; i < 5; i++) Py_INCREF(all[i]);
     self->tag = tag;
@@ -126,9 +139,11 @@ static PyObject *dict_item(PyObject *d, PyObject *key) { /* d[key], borrowed */
 }
 
 /* _Region.__exit__'s fast path: the time since its entry, one (tag, step, ms) record */
-static PyObject *exit_call(RegionExit *self, PyObject *args, PyObject *kw) {
-    Py_ssize_t n = PyTuple_GET_SIZE(args);
-    if ((kw && PyDict_GET_SIZE(kw)) || (n != 3 && n != 4)) {
+static PyObject *exit_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                 PyObject *kwnames) {
+    RegionExit *self = (RegionExit *)callable;
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if ((kwnames && PyTuple_GET_SIZE(kwnames)) || (n != 3 && n != 4)) {
         PyErr_SetString(PyExc_TypeError, "profile_region.__exit__() takes (exc_type, exc, tb)");
         return NULL;
     }
@@ -151,9 +166,8 @@ static PyObject *exit_call(RegionExit *self, PyObject *args, PyObject *kw) {
         int rc = PyList_Append(self->starts, start);
         Py_DECREF(start);
         if (rc < 0) return NULL;
-        return PyObject_CallMethodObjArgs(self->full, s_exit, PyTuple_GET_ITEM(args, off),
-                                          PyTuple_GET_ITEM(args, off + 1),
-                                          PyTuple_GET_ITEM(args, off + 2), NULL);
+        return PyObject_CallMethodObjArgs(self->full, s_exit, args[off], args[off + 1],
+                                          args[off + 2], NULL);
     }
     PyObject *s = dict_item(self->smod, s_active);
     if (!s) goto fail_start;
@@ -210,8 +224,9 @@ static PyTypeObject RegionExitType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "trainkit._speedups.RegionExit",
     .tp_basicsize = sizeof(RegionExit),
     .tp_dealloc = (destructor)exit_dealloc,
-    .tp_call = (ternaryfunc)exit_call,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_vectorcall_offset = offsetof(RegionExit, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_new = exit_new,
     .tp_doc = "RegionExit(tag, starts, full, timing_dict, session_dict): a region's fast exit.",
 };
