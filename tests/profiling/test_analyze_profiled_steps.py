@@ -15,8 +15,8 @@ import os
 import trainkit as tk
 from trainkit.profiling.analyze import analyze_run
 from trainkit.profiling.cli import main, render
-from trainkit.profiling.runs import read_trace
 from trainkit.profiling.trace import STEP_OFFSET
+from trainkit.profiling.tracefiles import read_trace
 from trainkit.profiling.tracestats import STEP_PREFIX
 
 from .conftest import train

@@ -12,7 +12,7 @@ import time
 import pytest
 
 import trainkit as tk
-from trainkit.profiling import runs
+from trainkit.profiling import tracefiles
 from trainkit.profiling.cli import main
 from trainkit.profiling.tracestats import summarize
 
@@ -43,8 +43,8 @@ def corrupt_gzip_trace(folder):
 def test_read_trace_of_a_corrupt_gzip_trace_is_a_trace_error(tmp_path):
     path = corrupt_gzip_trace(str(tmp_path))
     try:
-        runs.read_trace(path)
-    except runs.TraceError as exc:
+        tracefiles.read_trace(path)
+    except tracefiles.TraceError as exc:
         assert "broken.pt.trace.json.gz" in str(exc) and "cannot read it" in str(exc)
     else:
         raise AssertionError("a corrupt gzip trace was read")

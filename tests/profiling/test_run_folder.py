@@ -15,7 +15,7 @@ import time
 import pytest
 
 import trainkit as tk
-from trainkit.profiling import runs
+from trainkit.profiling import runs, tracefiles
 from trainkit.profiling.analyze import analyze_run
 from trainkit.profiling.cli import main
 from trainkit.sinks.tbplugin.data import TabData
@@ -244,7 +244,7 @@ def test_only_a_trace_being_written_is_not_a_run_without_steps(tmp_path, name):
 
 def test_a_trace_unchanged_for_a_while_is_broken_for_good(tmp_path):
     path, _ = half_written(str(tmp_path / "run"))
-    age(path, runs.WRITING_GRACE_S + 5)
+    age(path, tracefiles.WRITING_GRACE_S + 5)
     (f,) = tk.analyze(tmp_path / "run")
     assert f.code == "TA100" and os.path.basename(path) in f.evidence
     rep = analyze_run(str(tmp_path / "run"), str(tmp_path / "run"))
@@ -278,6 +278,6 @@ def test_the_tab_does_not_keep_a_report_with_a_trace_being_written(tmp_path, mon
     path, _ = half_written(str(tmp_path / "run"))
     data = TabData(str(tmp_path))
     assert data.report("run")["writing"] == [os.path.basename(path)]
-    monkeypatch.setattr(runs, "WRITING_GRACE_S", 0.0)  # the grace period is over
+    monkeypatch.setattr(tracefiles, "WRITING_GRACE_S", 0.0)  # the grace period is over
     rep = data.report("run")
     assert rep["writing"] == [] and [f["code"] for f in rep["findings"]] == ["TA100"]

@@ -9,7 +9,7 @@ import os
 import pytest
 
 import trainkit as tk
-from trainkit.profiling.runs import read_trace
+from trainkit.profiling.tracefiles import read_trace
 
 from .conftest import train
 

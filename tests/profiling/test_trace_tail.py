@@ -9,8 +9,8 @@ import warnings
 import pytest
 
 import trainkit as tk
-from trainkit.profiling.runs import read_trace
 from trainkit.profiling.trace import AFTER_LAST_STEP
+from trainkit.profiling.tracefiles import read_trace
 from trainkit.profiling.tracestats import STEP_PREFIX, summarize
 
 

@@ -24,8 +24,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from .analyzers import records as record_rules
 from .analyzers import traces as trace_rules
 from .finding import Finding, sort_key
-from .runs import (WRITING_GRACE_S, Run, TraceError, being_written, find_runs, load_run,
-                   read_trace)
+from .runs import Run, find_runs, load_run
+from .tracefiles import WRITING_GRACE_S, TraceError, being_written, read_trace
 from .tracestats import TraceStats, summarize
 
 

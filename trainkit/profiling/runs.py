@@ -1,4 +1,5 @@
-"""Finding trainkit runs in a logdir and reading their records and traces.
+"""Finding trainkit runs in a logdir, reading their records and listing their traces (which
+:mod:`.tracefiles` reads).
 
 A run is a folder holding trainkit's TensorBoard events (tags starting with ``trainkit/``) or
 torch.profiler traces (``*.pt.trace.json[.gz]``): a session's logdir, or ``<logdir>/rank<N>``.
@@ -24,13 +25,10 @@ counted a step, all of them merge tag by tag, as TensorBoard shows them.
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import json
 import os
 import re
 import struct
-import zlib
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..recorder import PREFIX, STEP_TIME, UPDATE_MS
 from ..sinks.tensorboard import masked_crc32c
@@ -363,67 +361,3 @@ def _merge_sessions(read: List[Tuple[str, Dict[str, List[Tuple[int, float]]]]],
         if kept:
             shown.append(name)
     return out, shown
-
-
-class TraceError(ValueError):
-    """A trace file that cannot be read (truncated, not JSON, not a Chrome trace)."""
-
-
-class TraceEvents(List[Dict[str, Any]]):
-    """A trace's ``traceEvents``, and in ``meta`` its other top-level entries (torch's
-    ``deviceProperties``; trainkit's ``"trainkit"``, which says which steps of the run its step
-    marks are): read with the events, as parsing a GPU trace again would double its cost.
-
-    Example::
-
-        events = read_trace(path); summarize(events, meta=events.meta)
-    """
-
-    def __init__(self, events: List[Dict[str, Any]], meta: Dict[str, Any]) -> None:
-        super().__init__(events)
-        self.meta = meta
-
-
-def read_trace(path: str) -> TraceEvents:
-    """The ``traceEvents`` of a Chrome-trace JSON file (gzip-compressed when it ends in .gz),
-    with its top-level metadata in their ``meta``.
-
-    Raises:
-        TraceError: naming the file and what is wrong with it.
-    """
-    opener: Any = gzip.open if path.endswith(".gz") else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:  # zlib: a corrupt .gz
-        raise TraceError(f"{path}: cannot read it ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise TraceError(f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno} "
-                         f"(truncated? the process may have died while writing it)") from None
-    events: Optional[Any] = data.get("traceEvents") if isinstance(data, dict) else data
-    if not isinstance(events, list):
-        raise TraceError(f"{path}: no 'traceEvents' list: not a torch.profiler Chrome trace")
-    meta = {k: v for k, v in data.items() if k != "traceEvents"} if isinstance(data, dict) else {}
-    return TraceEvents([e for e in events if isinstance(e, dict)], meta)
-
-
-#: How long after its last change an unreadable trace may be one torch.profiler is still writing.
-#: Kineto writes the JSON as it goes (gzip too, after a temporary file), so the mtime moves until
-#: it ends; a large GPU trace takes seconds. Unreadable and unchanged for longer: broken for good.
-WRITING_GRACE_S = 60.0
-
-
-def being_written(path: str, before: os.stat_result, *, now: float) -> bool:
-    """Whether an unreadable trace may be one still being written, rather than a broken one.
-
-    ``before``: its ``os.stat`` from before it was read. True when it changed while it was read,
-    or last changed less than :data:`WRITING_GRACE_S` from ``now`` (this machine's clock; a
-    writer whose clock is further off than that is told by the growth alone).
-    """
-    try:
-        after = os.stat(path)
-    except OSError:  # deleted meanwhile: in flux, not broken
-        return True
-    if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
-        return True  # still growing
-    return abs(now - after.st_mtime) < WRITING_GRACE_S

@@ -109,7 +109,7 @@ def recorded_offset(meta: Mapping[str, Any]) -> int:
 
 def summarize(events: List[Dict[str, Any]], *,
               meta: Optional[Mapping[str, Any]] = None) -> TraceStats:
-    """Summarise the events of one trace (see :func:`trainkit.profiling.runs.read_trace`).
+    """Summarise the events of one trace (see :func:`trainkit.profiling.tracefiles.read_trace`).
 
     ``meta``: the trace's top-level entries (``read_trace(path).meta``), which say which steps of
     the run its step marks are; without them, those of a session not resumed.
