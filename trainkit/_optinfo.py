@@ -11,12 +11,16 @@ multi-tensor (``foreach=True``) update; for a run that already used one, that ad
 So each entry also holds the implementation asked for (``fused``, ``foreach``: the optimizer's
 ``defaults``, as its constructor or the ``fused`` technique set them; a key only where it has
 the option, which torch.optim's optimizers gained release by release) and the one its step
-runs (``impl``), which for ``foreach=None`` torch picks at each step.
+runs (``impl``), which for ``foreach=None`` torch picks at each step. Whether this torch takes
+``fused=True`` at all for the optimizer's class, device and dtypes changes with the release
+(torch 2.11's Adagrad refuses it on CUDA, 2.13's takes it; no release takes complex parameters):
+so for one that stepped, has the option and does not run fused already, torch is asked (a
+scratch twin built fused, stepped once) and the answer kept (``fused_ok``).
 """
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from .patch import _patched, optimizer_patch
 
@@ -34,8 +38,9 @@ def patched_summary(s: Any) -> str:
     """JSON: each optimizer patched now that stepped in session ``s`` or never stepped yet, its
     type and the module defining it (a third party's ``Adam`` is not torch.optim's), whether it
     stepped in ``s`` (one that stepped in another session, an earlier
-    phase's, is left out: it is not this session's to step) and its implementation
-    (:func:`implementation`)."""
+    phase's, is left out: it is not this session's to step), its implementation
+    (:func:`implementation`) and, for one that stepped, whether this torch takes its fused one
+    (:func:`fused_accepted`)."""
     out = []
     for opt in list(_patched):
         p = optimizer_patch(opt)
@@ -43,7 +48,8 @@ def patched_summary(s: Any) -> str:
         if p is None or (p.session is not None and last is not s):
             continue
         out.append({"type": type(opt).__name__, "module": type(opt).__module__,
-                    "stepped": last is s, **implementation(opt)})
+                    "stepped": last is s, **implementation(opt),
+                    **(fused_accepted(opt) if last is s else {})})
     return json.dumps(out, sort_keys=True)
 
 
@@ -68,6 +74,91 @@ def implementation(opt: Any) -> Dict[str, Any]:
     if impls and None not in impls:
         out["impl"] = sorted(impls)
     return out
+
+
+def fused_accepted(opt: Any) -> Dict[str, Any]:
+    """``fused_ok``: whether this torch takes ``fused=True`` for ``opt``'s parameters, the form
+    TA104 advises (``torch.optim.Adam(params, ..., fused=True)``), as torch itself answers
+    (:func:`_fused_twin_steps`); {} where there is nothing to ask or no answer: no ``fused``
+    option, not torch.optim's (another library's class is not built at a close), every group
+    already fused, a profiler recording (the twin's ops would land in its trace), an error
+    asking, or a device that fails any op (a CUDA error earlier in the run: a refusal there
+    says nothing of fused).
+
+    Example::
+
+        fused_accepted(torch.optim.Adam([torch.zeros(2, dtype=torch.complex64)]))
+        # {"fused_ok": False}
+    """
+    defaults = getattr(opt, "defaults", None)
+    if not isinstance(defaults, dict) or "fused" not in defaults or not _flag(defaults["fused"]):
+        return {}
+    try:  # (the session's close goes on whatever asking does: it only records the answer)
+        import torch
+
+        from .profiling.regions import profiler_check
+        from .techniques import fused
+
+        groups = list(opt.param_groups)
+        if (fused._torch_class(type(opt)).__module__.split(".")[:2] != ["torch", "optim"]
+                or all(g.get("fused") is True for g in groups) or profiler_check()()):
+            return {}
+        ok = _fused_twin_steps(opt)
+        if not ok:  # the devices themselves answer? (else the refusal says nothing of fused)
+            for dev in {p.device for g in groups for p in g["params"]}:
+                torch.ones(1, device=dev).add_(1).item()
+    except Exception:  # noqa: BLE001 - no answer: the key is left out
+        return {}
+    return {"fused_ok": ok}
+
+
+def _fused_twin_steps(opt: Any) -> bool:
+    """Whether a twin of ``opt`` built with ``fused=True`` steps: the torch.optim class it runs
+    (``fused._torch_class``), ``opt``'s options and group options, one 1-element zero parameter
+    per (device, dtype) of each group, a zero gradient, one step without torch's hooks and
+    profiler range (``fused._unhooked_step``); what its constructor or step raises is torch's
+    "no" (a ``differentiable`` group, complex parameters, torch 2.11's Adagrad on CUDA).
+
+    Not ``fused._accepted``, which asks whether ``opt`` may be switched to fused where it stands:
+    its twin makes its state unfused first (Adagrad's constructor does; the others' first step,
+    as ``opt`` has state after a run), and unfused state holds ``state["step"]`` as a CPU tensor,
+    which torch's fused CUDA kernels read as a device pointer (they check no device there). Built fused, the
+    twin's state is on its parameters' device, as the advised constructor makes it. Nothing of
+    ``opt`` is written; no random numbers are drawn (Adam, AdamW, SGD, Adagrad draw none)."""
+    import inspect
+
+    import torch
+
+    from .techniques import fused
+
+    cls = fused._torch_class(type(opt))
+    accepts = inspect.signature(cls.__init__).parameters
+    any_kw = any(a.kind is inspect.Parameter.VAR_KEYWORD for a in accepts.values())
+    kwargs = {k: v for k, v in opt.defaults.items() if k != "params" and (any_kw or k in accepts)}
+    kwargs["fused"] = True
+    if kwargs.get("foreach"):  # (the two cannot both be True: fused=True replaces it)
+        kwargs["foreach"] = False
+    groups: List[Dict[str, Any]] = []
+    for g in opt.param_groups:
+        twins = {(p.device, p.dtype): torch.zeros(1, device=p.device, dtype=p.dtype)
+                 for p in g["params"]}
+        if twins:
+            group = {k: v for k, v in g.items() if k != "params"}
+            group["fused"] = True
+            if group.get("foreach"):
+                group["foreach"] = False
+            groups.append({**group, "params": list(twins.values())})
+    if not groups:
+        return True  # nothing to ask
+    try:
+        twin = cls(groups, **kwargs)
+        for g in twin.param_groups:
+            for p in g["params"]:
+                p.grad = torch.zeros_like(p)
+        fused._unhooked_step(twin)()
+    except Exception:  # noqa: BLE001 - what the advised optimizer would raise: torch's "no"
+        return False
+    return True
 
 
 def _flag(value: Any) -> bool:

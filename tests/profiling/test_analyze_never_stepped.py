@@ -51,8 +51,8 @@ def test_an_optimizer_that_stepped_is_recorded_so_and_no_ta110(tmp_path):
     opt = _rl_run(tmp_path, warm_after=1)  # steps at t = 4, 8, 12
     meta = json.loads(load_run(tmp_path, tmp_path).meta["trainkit/meta/optimizers"])
     assert meta == [{"stepped": True, "type": "Adam", "module": "torch.optim.adam",
-                     "fused": None, "foreach": None,
-                     "impl": ["for-loop"]}]  # (its implementation: for TA104)
+                     "fused": None, "foreach": None, "impl": ["for-loop"],
+                     "fused_ok": True}]  # (its implementation and fused form: for TA104)
     assert "TA110" not in [f.code for f in tk.analyze(tmp_path)]
     tk.unpatch(opt)
 

@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import datetime
 import statistics
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional
 
-from ...recorder import (AMP_SKIPPED, CLOSURE_MS, COMPILE_RECOMPILES, COMPILE_SECONDS, DATA_WAIT,
+from ...recorder import (AMP_SKIPPED, COMPILE_RECOMPILES, COMPILE_SECONDS, DATA_WAIT,
                          GC_FULL, GC_MS, H2D_MS, H2D_PINNED_PCT, PREFIX, SAMPLES_PER_S, STEP_TIME,
                          UPDATE_MS)
 from ..finding import Finding, severity_for
 from ..runs import Run
 from .loaders import advice as loader_advice
+from .optimizer_fix import _names, _optimizer_fix, _optimizers
 
 #: The fix for pageable copies, whether the records or a trace found them.
 PAGEABLE_FIX = ("DataLoader(..., pin_memory=True) and x = tk.to_device(x, 'cuda') (non_blocking "
@@ -121,91 +122,6 @@ def optimizer_dominates(st: Steps) -> Optional[Finding]:
         severity=severity_for(share, high=0.5, medium=0.3))
 
 
-#: torch.optim's optimizers with a fused implementation (``fused=True``)
-_FUSED = ("Adam", "AdamW", "SGD", "Adagrad")
-#: and those with a multi-tensor one only (``foreach=True``)
-_FOREACH = ("ASGD", "Adadelta", "Adafactor", "Adamax", "NAdam", "RAdam", "RMSprop", "Rprop")
-#: the implementations a close records (``impl``, trainkit/_optinfo.py), as a fix names them
-_IMPLS = {"foreach": "the multi-tensor update (foreach)", "for-loop": "the for-loop update"}
-
-
-def _stepped(run: Run) -> Tuple[Optional[str], Set[str], Set[str]]:
-    """The optimizers the run stepped, as its close recorded them: the type's name where one
-    type of torch.optim's stepped (None where several types did, or another library's: a
-    third party's ``Adam`` has torch.optim's options or not; a run recorded before modules
-    were has torch.optim's names), the implementations their steps ran, whatever their types
-    (``{"fused"}``...; empty where one's is not recorded: a run from before they were) and the
-    options among ``fused`` and ``foreach`` that type has (empty where not recorded)."""
-    stepped = [o for o in _optimizers(run) if o.get("stepped") is True]
-    impls = [o.get("impl") for o in stepped]
-    ran = (set() if not stepped or any(not isinstance(i, list) for i in impls)
-           else {str(v) for i in impls for v in i})
-    names = {str(o.get("type", "optimizer")) for o in stepped}
-    torch_optim = all(str(o.get("module", "torch.optim")).split(".")[:2] == ["torch", "optim"]
-                      for o in stepped)
-    if len(names) != 1 or not torch_optim:
-        return None, ran, set()
-    options = {k for k in ("fused", "foreach") if all(k in o for o in stepped)}
-    return names.pop(), ran, options
-
-
-def _faster_update(name: Optional[str], ran: Set[str], options: Set[str]) -> str:
-    """What makes the update of the optimizer the run stepped (:func:`_stepped`) faster: its
-    fused (or multi-tensor) form, named for it, and never the one it already ran; "" where it
-    already ran the fastest form it has. For another optimizer, or a run that did not record
-    it, the optimizers that have a fused form."""
-    if ran == {"fused"}:
-        return ""
-    # A run recorded before the options were has none: torch.optim's then tell (a torch that
-    # records options without ``fused`` predates that optimizer's fused form).
-    if name in _FUSED and ("fused" in options or not options):
-        return f"its fused implementation, torch.optim.{name}(params, ..., fused=True)"
-    if name in _FUSED + _FOREACH:
-        if ran == {"foreach"}:
-            return ""
-        return (f"its multi-tensor implementation, torch.optim.{name}(params, ..., foreach=True) "
-                f"(it has no fused one)")
-    forms = ("a fused implementation where the optimizer has one (torch.optim.Adam, AdamW, SGD, "
-             "Adagrad: fused=True)")
-    return forms if ran == {"foreach"} else forms + " or a multi-tensor one (foreach=True)"
-
-
-def _optimizer_fix(st: Steps) -> str:
-    """The fix for TA104, for what the run already does: a closure optimizer, a fused update, a
-    compiled step, an optimizer already on the multi-tensor update that has no fused one."""
-    if st.run.values(CLOSURE_MS):
-        return ("the update between closure calls dominates (LBFGS: max_iter, history_size and "
-                "line_search_fn set its work); time the closure apart with a profiler, and consider "
-                "fewer iterations per step or a first-order optimizer if the loss allows")
-    name, ran, options = _stepped(st.run)
-    faster = _faster_update(name, ran, options)
-    if ran == {"fused"}:
-        # Compiling adds nothing to a fused update (Adam over 4M parameters on a 2-core CPU,
-        # torch 2.14: 2.60 ms fused, 2.63 ms fused and compiled): what is left is the amount of
-        # work in it, and how often it runs.
-        asked = f"torch.optim.{name}(..., fused=True)" if name in _FUSED else "fused=True"
-        return (f"the update already runs fused ({asked}), which "
-                f"compiling does not speed up: it reads and writes every parameter, its gradient "
-                f"and its optimizer state each step, so spread it over more samples (a larger "
-                f"batch, or tk.accumulate(n, optimizer) to step once every n batches) or train "
-                f"fewer parameters")
-    if st.run.values(COMPILE_SECONDS):
-        use = f"use {faster}, " if faster else "use "
-        return (f"the step is already compiled: {use}fewer and larger parameter tensors, or "
-                f"compile mode='max-autotune'; on a CPU the update is memory-bound and scales "
-                f"with the parameter count")
-    if not faster:  # (only torch.optim's, named: another's is told the general forms)
-        return (f"the update already runs multi-tensor (foreach), and torch.optim.{name} has no "
-                f"fused one: compile the step, tk.patch(optimizer, compile=True) / "
-                f"@tk.compiled_step, which fuses it into a few kernels")
-    # What it ran eagerly, where one is told (a compiled step's is compiled away): torch's
-    # default differs between the CPU (the for-loop) and CUDA (multi-tensor).
-    now = _IMPLS.get(min(ran)) if len(ran) == 1 else None
-    said = f"it ran {now}: " if now else ""
-    return (f"{said}use {faster}, or compile the step: tk.patch(optimizer, compile=True) / "
-            f"@tk.compiled_step")
-
-
 def recompiles(st: Steps) -> Optional[Finding]:
     values = st.run.values(COMPILE_RECOMPILES)
     n = int(max(values.values())) if values else 0
@@ -303,33 +219,13 @@ def no_steps(run: Run) -> Finding:
         severity="high", run=run.name)
 
 
-def _optimizers(run: Run) -> List[Dict[str, Any]]:
-    """Each optimizer patched in the session shown, as its close recorded it: ``type``,
-    ``stepped`` (True if it stepped there, False if not) and, in runs since they were recorded,
-    its ``fused``, ``foreach`` and ``impl`` (trainkit/_optinfo.py); [] where it recorded none,
-    or something else."""
-    import json
-
-    from ..._optinfo import META_OPTIMIZERS
-
-    text = run.meta.get(META_OPTIMIZERS)
-    try:
-        got = json.loads(text) if text else []
-    except ValueError:
-        return []
-    if not isinstance(got, list) or any(not isinstance(o, dict) for o in got):
-        return []
-    return got
-
-
 def _patched_never_stepped(run: Run) -> str:
     """The patched optimizers (``"Adam"``, ``"Adam and SGD"``) when none stepped in the session
     shown, as its close recorded them; "" when none was patched, one stepped, or not recorded."""
     got = _optimizers(run)
     if not got or any(o.get("stepped") is not False for o in got):
         return ""
-    names = sorted({str(o.get("type", "optimizer")) for o in got})
-    return " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1]
+    return _names(tuple(sorted({str(o.get("type", "optimizer")) for o in got})))
 
 
 def several_sessions(run: Run) -> Optional[Finding]:
