@@ -171,7 +171,7 @@ static PyObject *exit_vectorcall(PyObject *callable, PyObject *const *args, size
     }
     PyObject *s = dict_item(self->smod, s_active);
     if (!s) goto fail_start;
-    if (s != Py_None) {
+    if (s != Py_None && depth == 1) { /* an entry inside one of its name: in that one's time */
         Py_INCREF(s);
         PyObject *step = NULL, *end = NULL, *ms = NULL, *rec = NULL, *buf = NULL, *out = NULL;
         int bad = 1;
