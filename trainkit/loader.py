@@ -66,6 +66,11 @@ class PatchedLoader:
         outer = None
         if s is not None:
             outer = (s, s._batch_step, s.step)
+            ended = s._pass_end
+            if ended is not None:
+                s._pass_end = None
+                if ended[0] == s.step:  # the last pass's end, in this step's wall time
+                    s._buf.append((BATCH_REC, ended[0], ended[1], ended[2], None))
             begin_pass(s, self)  # a DataLoader's settings (once a session), and this pass
         # The first wait holds iter(): a DataLoader with workers starts them there, each epoch
         # without persistent_workers; the loop waits for that before its first batch.
@@ -98,6 +103,12 @@ class PatchedLoader:
                     if s._batch_pending and mine_s is s and mine == s.step:
                         s.end_batch_step(t0, ev0)
                     s._batch_step = _enclosing(outer, s)  # what comes after the loop
+                    if isinstance(exc, StopIteration):
+                        # The last next() waited too (a DataLoader without persistent_workers
+                        # joins its workers there): data wait of the step in progress, whose
+                        # wall time holds it. Written when a pass begins in that step (the next
+                        # epoch's); after the last pass no step follows, nor a point at N + 1.
+                        s._pass_end = (s.step, t0, now())
                 if isinstance(exc, StopIteration):
                     return
                 raise

@@ -1,0 +1,73 @@
+"""Audit: the wait at a pass's end (the ``next()`` that raises StopIteration) is data wait.
+
+A ``DataLoader`` with workers and no ``persistent_workers`` shuts its workers down in that last
+``next()`` (tens of ms a pass, more with more workers); the step that holds it in its wall time
+(the next pass's first) showed it nowhere in ``data_wait_ms``, only as an unexplained rest of its
+``step_time_ms``. Real loops, read back from the event files.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+import trainkit as tk
+from tests.conftest import scalars
+from tests.helpers import mlp
+
+END = 0.06  # the pass's end: a DataLoader joining its workers
+
+
+class _SlowEnd:
+    """An iterable whose pass takes a while to end, as a DataLoader's shutting its workers down."""
+
+    def __init__(self, batches) -> None:
+        self.batches = batches
+
+    def __iter__(self):
+        yield from self.batches
+        time.sleep(END)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def _batches(n=3):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g))
+            for _ in range(n)]
+
+
+def test_the_end_of_a_pass_is_data_wait_of_the_step_that_holds_it(tmp_path):
+    model = mlp()
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    train = tk.patch(_SlowEnd(_batches()))
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        for _ in range(2):
+            for x, y in train:
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+    got = scalars(tmp_path)
+    times, waits = dict(got["trainkit/step_time_ms"]), dict(got["trainkit/data_wait_ms"])
+    assert sorted(times) == sorted(waits) == list(range(1, 7))  # no point after the last step
+    assert times[4] >= END * 1e3  # the second epoch's first step holds the first pass's end...
+    assert waits[4] >= END * 1e3  # ...which was a wait for the loader
+    assert times[4] - waits[4] < END * 1e3 / 2
+    assert all(waits[st] < END * 1e3 / 2 for st in (2, 3, 5, 6))
+
+
+def test_the_end_of_a_pass_is_data_wait_where_batches_are_steps(tmp_path):
+    # An evaluation over two passes: a step ends where the next wait begins, so the first pass's
+    # end is in the wall time of the second pass's first step.
+    model = mlp()
+    data = tk.patch(_SlowEnd(_batches()))
+    with tk.session(logdir=tmp_path, system_metrics=False), torch.no_grad():
+        for _ in range(2):
+            for x, _y in data:
+                model(x)
+    got = scalars(tmp_path)
+    times, waits = dict(got["trainkit/step_time_ms"]), dict(got["trainkit/data_wait_ms"])
+    assert sorted(times) == sorted(waits) == list(range(1, 7))
+    assert times[4] >= END * 1e3 and waits[4] >= END * 1e3
+    assert times[4] - waits[4] < END * 1e3 / 2
