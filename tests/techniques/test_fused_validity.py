@@ -9,6 +9,7 @@ torch 2.11; here the CPU stands in for CUDA: this torch's Adagrad is made to ref
 """
 from __future__ import annotations
 
+import copy
 import importlib
 from typing import Any, List
 
@@ -45,6 +46,13 @@ def _train(opt: Any, model: torch.nn.Module, steps: int = 3) -> List[torch.Tenso
 
 def _make(cls: type, model: torch.nn.Module) -> Any:
     return cls(model.parameters(), lr=0.05, **({"momentum": 0.9} if cls is torch.optim.SGD else {}))
+
+
+def _make_fused(cls: type, model: torch.nn.Module) -> Any:
+    """A ``fused=True`` optimizer of ``cls`` with its state made (one step)."""
+    opt = cls(model.parameters(), lr=0.05, fused=True)
+    _train(opt, model, steps=1)
+    return opt
 
 
 @pytest.fixture
@@ -150,6 +158,47 @@ def test_turning_fused_off_is_always_taken() -> None:
     _train(opt, model, steps=1)
     tk.unpatch(opt)
     assert opt.param_groups[0]["fused"] is True and opt._step_supports_amp_scaling is True
+
+
+@pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad],
+                         ids=lambda c: c.__name__)
+def test_state_switched_to_fused_is_hosted_as_torchs_own_fused_state(cls: type) -> None:
+    """Unfused state keeps ``step`` as a CPU tensor of the default dtype; fused state as float32
+    on the parameter's device (torch's note "special device hosting for step"), where fused
+    CUDA kernels read it. An optimizer switched with state (an Adagrad, whose constructor makes
+    it; one resumed from a checkpoint) has its steps where a ``fused=True`` one of its class
+    makes them, and steps as a ``fused=True`` one loaded from its state dict does (the oracle;
+    its ``load_state_dict`` leaves the steps as saved, which the CPU's kernels take). Seen here
+    in float64 (the default dtype), where the hosts differ on the CPU too; unpatched, the steps
+    go back where they were, with the count they reached."""
+    _cpu_fused()
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        model, twin = _model(), _model()
+        opt = _make(cls, model)
+        _train(opt, model, steps=2)  # unfused state: steps are float64 CPU tensors
+        twin.load_state_dict(model.state_dict())
+        oracle = cls(twin.parameters(), lr=0.05, fused=True)
+        oracle.load_state_dict(copy.deepcopy(opt.state_dict()))  # (steps as is: not shared)
+        assert {v["step"].dtype for v in opt.state.values()} == {torch.float64}
+        with switches.overrides({"fused": True}):
+            tk.patch(opt)
+        assert opt.param_groups[0]["fused"] is True
+        fresh = _make_fused(cls, _model())
+        (made,) = {(v["step"].dtype, v["step"].device) for v in fresh.state.values()}
+        assert made == (torch.float32, torch.device("cpu"))
+        for p in model.parameters():
+            a = opt.state[p]["step"]
+            assert (a.dtype, a.device, float(a)) == (*made, 2.0)
+        for a, b in zip(_train(opt, model), _train(oracle, twin)):  # (the oracle runs unfused:
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)  # its saved groups say so)
+        tk.unpatch(opt)
+        assert opt.param_groups[0]["fused"] is None or opt.param_groups[0]["fused"] is False
+        assert {(v["step"].dtype, float(v["step"])) for v in opt.state.values()} \
+            == {(torch.float64, 5.0)}
+    finally:
+        torch.set_default_dtype(old)
 
 
 @pytest.mark.cuda
