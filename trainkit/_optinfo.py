@@ -119,12 +119,11 @@ def _fused_twin_steps(opt: Any) -> bool:
     profiler range (``fused._unhooked_step``); what its constructor or step raises is torch's
     "no" (a ``differentiable`` group, complex parameters, torch 2.11's Adagrad on CUDA).
 
-    Not ``fused._accepted``, which asks whether ``opt`` may be switched to fused where it stands:
-    its twin makes its state unfused first (Adagrad's constructor does; the others' first step,
-    as ``opt`` has state after a run), and unfused state holds ``state["step"]`` as a CPU tensor,
-    which torch's fused CUDA kernels read as a device pointer (they check no device there). Built fused, the
-    twin's state is on its parameters' device, as the advised constructor makes it. Nothing of
-    ``opt`` is written; no random numbers are drawn (Adam, AdamW, SGD, Adagrad draw none)."""
+    Not ``fused._accepted``, which asks whether ``opt`` may be switched to fused where it stands
+    (its twin makes its state unfused first, then switches, as the technique does): this asks
+    what the advice writes, an optimizer fused from its constructor on, whose state torch makes
+    fused. Nothing of ``opt`` is written; no random numbers are drawn (Adam, AdamW, SGD, Adagrad
+    draw none)."""
     import inspect
 
     import torch
