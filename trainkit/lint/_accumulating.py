@@ -49,6 +49,38 @@ class Accumulation:
         return f"below `{shown}` (line {self.guard.lineno}) with the step"
 
 
+def is_grad(node: ast.AST) -> bool:
+    """``x.grad`` or ``x.grad.data``."""
+    if isinstance(node, ast.Attribute) and node.attr == "data":
+        node = node.value
+    return isinstance(node, ast.Attribute) and node.attr == "grad"
+
+
+def zeroing_owner(loop: TrainingLoop, node: ast.AST) -> Optional[str]:
+    """Whose gradients ``node`` zeroes: ``x`` for ``x.zero_grad()``, ``model`` for ``param.grad = None``
+    in ``for param in model.parameters():`` (the "set gradients to None" habit); None when unknown."""
+    if isinstance(node, ast.Call):
+        return receiver(node)
+    target = next(t for t in node.targets if is_grad(t))  # type: ignore[attr-defined]
+    root = target.value.value if isinstance(target.value, ast.Attribute) else target.value  # `p.grad.data`
+    for parent in loop.ctx.ancestors(node, stop=loop.node):
+        if isinstance(parent, (ast.For, ast.AsyncFor)) and isinstance(parent.target, ast.Name) \
+                and isinstance(root, ast.Name) and parent.target.id == root.id:
+            it = parent.iter
+            if isinstance(it, ast.Call) and method_name(it) == "parameters":
+                return receiver(it)
+            return None
+    return None
+
+
+def zeroes_gradients(node: ast.AST) -> bool:
+    """``x.zero_grad()``, or ``p.grad = None`` (torch's ``zero_grad(set_to_none=True)`` by hand)."""
+    if isinstance(node, ast.Call):
+        return method_name(node) == "zero_grad"
+    return (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value is None
+            and any(is_grad(t) for t in node.targets))
+
+
 def stepped_optimizer(ctx: FileContext, step: ast.Call) -> Optional[str]:
     """``opt`` for ``opt.step()``, ``scaler.step(opt)`` or ``amp.step(opt)``; None when unknown."""
     name = receiver(step)

@@ -190,6 +190,36 @@ class FileContext:
         """Names assigned from an optimizer constructor (``torch.optim.AdamW(...)``)."""
         return frozenset(self._assigned_from(_OPTIMIZER_CLASSES))
 
+    @cached_property
+    def parameter_optimizers(self) -> Dict[str, FrozenSet[str]]:
+        """Model name -> the optimizers built on its parameters, from the file's constructors:
+        ``optimizerD = optim.Adam(netD.parameters(), ...)`` gives ``{"netD": {"optimizerD"}}``
+        (``list(a.parameters()) + list(b.parameters())`` gives both models that optimizer). A
+        model missing here (its optimizer passed in, or built by a helper) has unknown optimizers.
+        Used to tell a GAN's ``netD.zero_grad()`` from one that touches the other half's gradients."""
+        out: Dict[str, Set[str]] = {}
+        for name in self.optimizer_names:
+            for value in self.assignments.get(name, []):
+                if not isinstance(value, ast.Call):
+                    continue
+                for node in ast.walk(value):
+                    if isinstance(node, ast.Call) and method_name(node) in ("parameters", "named_parameters"):
+                        model = receiver(node)
+                        if model is not None:
+                            out.setdefault(model, set()).add(name)
+        return {model: frozenset(opts) for model, opts in out.items()}
+
+    def zeroes_only_others(self, owner: Optional[str], optimizer: Optional[str]) -> bool:
+        """Whether zeroing ``owner``'s gradients (``owner.zero_grad()``, or ``p.grad = None`` over
+        ``owner.parameters()``) leaves ``optimizer``'s alone: ``owner`` is another optimizer, or a
+        model whose parameters the file hands only to other optimizers (a GAN's other half)."""
+        if owner is None or optimizer is None:
+            return False
+        if self.is_optimizer(owner):
+            return owner != optimizer
+        opts = self.parameter_optimizers.get(owner)
+        return opts is not None and optimizer not in opts
+
     def is_optimizer(self, name: Optional[str]) -> bool:
         """Whether a dotted name looks like an optimizer (and not an LR scheduler)."""
         if not name or _SCHEDULER_RE.search(name):

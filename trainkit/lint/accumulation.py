@@ -11,10 +11,11 @@ from __future__ import annotations
 import ast
 from typing import Iterator, Optional
 
-from trainkit.lint._accumulating import Accumulation, accumulating_loops, runs_with, stepped_by_another
+from trainkit.lint._accumulating import (Accumulation, accumulating_loops, runs_with, stepped_by_another,
+                                          is_grad, zeroes_gradients, zeroing_owner)
 from trainkit.lint._core import FileContext, TrainingLoop
 from trainkit.lint._micro_loops import late_hits, unnormalised_hits, wipe_hits
-from trainkit.lint._nodes import dotted, method_name, receiver
+from trainkit.lint._nodes import dotted
 from trainkit.lint._loss import backward_operand, late_normalisation, loss_of, normalised_before
 from trainkit.lint._registry import Hit, rule
 
@@ -85,13 +86,6 @@ def check_unnormalised_accumulation(ctx: FileContext) -> Iterator[Hit]:
     yield from unnormalised_hits(ctx)  # `for micro_step in range(accum): loss.backward()`, then the step
 
 
-def _is_grad(node: ast.AST) -> bool:
-    """``x.grad`` or ``x.grad.data``."""
-    if isinstance(node, ast.Attribute) and node.attr == "data":
-        node = node.value
-    return isinstance(node, ast.Attribute) and node.attr == "grad"
-
-
 def _reciprocal(node: ast.AST) -> bool:
     """``1 / n`` (``1.0 / n``): a multiplication by it is a division."""
     return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
@@ -104,10 +98,10 @@ def _divides_gradients(region: list) -> bool:
     ``torch._foreach_div_(grads, n)``): the step then sees a mean, the loss undivided. A
     multiplication by anything but a reciprocal (a clip coefficient) is no division."""
     for node in region:
-        if isinstance(node, ast.AugAssign) and _is_grad(node.target):
+        if isinstance(node, ast.AugAssign) and is_grad(node.target):
             if isinstance(node.op, ast.Div) or (isinstance(node.op, ast.Mult) and _reciprocal(node.value)):
                 return True
-        elif isinstance(node, ast.Assign) and any(_is_grad(t) for t in node.targets):
+        elif isinstance(node, ast.Assign) and any(is_grad(t) for t in node.targets):
             v = node.value
             if isinstance(v, ast.BinOp) and (isinstance(v.op, ast.Div)
                                              or (isinstance(v.op, ast.Mult) and _reciprocal(v.right))):
@@ -116,21 +110,23 @@ def _divides_gradients(region: list) -> bool:
             attr = node.func.attr
             if attr == "_foreach_div_":
                 return True
-            if _is_grad(node.func.value) and node.args and (
+            if is_grad(node.func.value) and node.args and (
                     attr == "div_" or (attr == "mul_" and _reciprocal(node.args[0]))):
                 return True
     return False
 
 
-def _wiping_zero_grads(ctx: FileContext, acc: Accumulation) -> Iterator[ast.Call]:
-    """The ``zero_grad()`` calls that run on every micro-batch of ``acc``'s loop, wiping its sum (TK103)."""
-    for call in acc.loop.calls:
-        if method_name(call) != "zero_grad" or acc.loop.is_conditional(call):
+def _wiping_zero_grads(ctx: FileContext, acc: Accumulation) -> Iterator[ast.AST]:
+    """The ``zero_grad()`` calls (and ``p.grad = None`` assignments) that run on every micro-batch of
+    ``acc``'s loop, wiping its sum (TK103). Not those that zero only another optimizer's gradients:
+    another optimizer's ``zero_grad()``, or that of a model the file hands only to other optimizers
+    (the DCGAN tutorial's ``netD.zero_grad()`` while the generator accumulates)."""
+    for node in acc.loop.region:
+        if not zeroes_gradients(node) or acc.loop.is_conditional(node):
             continue
-        owner = receiver(call)
-        if ctx.is_optimizer(owner) and acc.optimizer is not None and owner != acc.optimizer:
-            continue  # another optimizer, stepped on every batch, zeroes its own gradients
-        yield call
+        if ctx.zeroes_only_others(zeroing_owner(acc.loop, node), acc.optimizer):
+            continue  # another optimizer's (or model's) gradients, stepped on every batch
+        yield node
 
 
 @rule(
@@ -140,14 +136,21 @@ def _wiping_zero_grads(ctx: FileContext, acc: Accumulation) -> Iterator[ast.Call
     summary="zero_grad() runs every micro-batch in a loop that accumulates, so only the last micro-batch counts",
 )
 def check_zero_grad_every_micro_batch(ctx: FileContext) -> Iterator[Hit]:
-    """Flag an unconditional ``zero_grad()`` in a loop whose step is under ``% n``."""
+    """Flag an unconditional ``zero_grad()`` (or ``p.grad = None``) in a loop whose step is under ``% n``.
+
+    ``for p in model.parameters(): p.grad = None`` (the "set gradients to None" speed tip) wipes the
+    window as ``zero_grad()`` does. Not flagged: a zeroing of another optimizer, or of a model the file
+    builds only other optimizers on (the DCGAN tutorial's ``netD.zero_grad()`` while G accumulates).
+    """
     for acc in accumulating_loops(ctx):
-        for call in _wiping_zero_grads(ctx, acc):
+        for node in _wiping_zero_grads(ctx, acc):
+            shown = ast.unparse(node)
+            moved = f"`{shown}`" if isinstance(node, ast.Call) else f"`{shown}` (with its `for` loop)"
             yield Hit(
-                call,
-                f"`{ast.unparse(call)}` runs on every micro-batch but the step (line {acc.step.lineno}) "
+                node,
+                f"`{shown}` runs on every micro-batch but the step (line {acc.step.lineno}) "
                 f"runs every `{acc.every}`: the accumulated gradients are wiped, only the last micro-batch is used",
-                f"move `{ast.unparse(call)}` {acc.place('under the same `if` as the step')}, right after it; "
+                f"move {moved} {acc.place('under the same `if` as the step')}, right after it; "
                 f"{_TK_ACCUMULATE}",
             )
     yield from wipe_hits(ctx)  # `for micro in chunks: zero_grad(); backward()`, then the step

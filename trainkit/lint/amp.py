@@ -4,9 +4,10 @@ from __future__ import annotations
 import ast
 from typing import Iterator, Optional
 
+from trainkit.lint._accumulating import zeroes_gradients, zeroing_owner
 from trainkit.lint._conditions import implies
 from trainkit.lint._core import FileContext, TrainingLoop
-from trainkit.lint._nodes import dotted, method_name, receiver
+from trainkit.lint._nodes import dotted, method_name, pos, receiver
 from trainkit.lint._loss import backward_operand
 from trainkit.lint._registry import Hit, rule
 
@@ -117,6 +118,32 @@ def _scaler_disabled_at(ctx: FileContext, loop: TrainingLoop, scaler: Optional[s
                for owner, side in loop.branches(node))
 
 
+def _zeroed_before(ctx: FileContext, loop: TrainingLoop, step: ast.Call, optimizer: str,
+                   scaled: list) -> bool:
+    """Whether ``optimizer``'s gradients are zeroed earlier in the iteration, whenever ``step`` runs,
+    with no scaled backward between that zeroing and the step: what it steps then comes from plain
+    backwards only. A GAN with one half under the scaler (``scaler.step(opt_d)``) and the other plain
+    (``opt_g.zero_grad(); g_loss.backward(); opt_g.step()``) is correct; the scaled ``d_loss`` may have
+    reached G's parameters, but that was wiped. The zeroing is ``optimizer.zero_grad()``, or that of
+    the one model (``netG.zero_grad()``, ``p.grad = None`` over its parameters) the file builds
+    ``optimizer`` on. A zeroing after the step does not count: the next iteration's plain step sees
+    what the scaled backward left."""
+    here = pos(step)
+    mine = {(id(owner), side) for owner, side in loop.branches(step)}
+    for node in loop.region:
+        if pos(node) >= here or not zeroes_gradients(node):
+            continue
+        owner = zeroing_owner(loop, node)
+        models = {m for m, opts in ctx.parameter_optimizers.items() if optimizer in opts}
+        if owner != optimizer and models != {owner}:
+            continue  # another optimizer's, or a model holding only part of this optimizer's parameters
+        if not all((id(o), side) in mine for o, side in loop.branches(node)):
+            continue  # skipped on some iterations that step
+        if not any(pos(node) < pos(b) < here and not loop.exclusive(b, step) for b in scaled):
+            return True
+    return False
+
+
 @rule(
     "TK202",
     name="scaled-backward-plain-step",
@@ -124,7 +151,12 @@ def _scaler_disabled_at(ctx: FileContext, loop: TrainingLoop, scaler: Optional[s
     summary="scaler.scale(loss).backward() followed by a plain optimizer.step(): the step uses scaled gradients",
 )
 def check_plain_step_after_scaled_backward(ctx: FileContext) -> Iterator[Hit]:
-    """Flag ``optimizer.step()`` in a loop whose backward goes through ``scaler.scale(...)``."""
+    """Flag ``optimizer.step()`` in a loop whose backward goes through ``scaler.scale(...)``.
+
+    Not where the plain step never sees a scaled gradient: on the other side of an ``if`` from the
+    scaled backward, where the scaler is switched off (``enabled=``), or after that optimizer's
+    gradients were zeroed with no scaled backward since (a GAN whose other half alone is scaled).
+    """
     for loop in ctx.training_loops:
         scaled = [c for c in loop.backward_calls if _scaled_backward(ctx, c)]
         if not scaled:
@@ -135,7 +167,8 @@ def check_plain_step_after_scaled_backward(ctx: FileContext) -> Iterator[Hit]:
             name = receiver(step)
             # ``if use_amp: scaled backward + scaler.step  else: plain backward + step`` is fine.
             if ctx.is_optimizer(name) and not ctx.is_scaler(name) and not loop.exclusive(scaled[0], step) \
-                    and not _scaler_disabled_at(ctx, loop, scaler, step):
+                    and not _scaler_disabled_at(ctx, loop, scaler, step) \
+                    and not _zeroed_before(ctx, loop, step, name, scaled):  # type: ignore[arg-type]
                 # After `scaler.unscale_(opt)` (to clip) the gradients are true ones: what is wrong then
                 # is that the step is taken whatever they hold, and the scale never adapts.
                 what = (f"`{ast.unparse(unscaled[0])}` (line {unscaled[0].lineno}) unscaled the gradients, but "

@@ -284,9 +284,8 @@ def _zeroing(ctx: FileContext, acc: Accumulation, scope: ast.AST, nodes: List[as
     outside = (n for n in nodes if _zeroes(n) and not _in_another_batch_loop(ctx, n, scope, acc.loop.node))
     for node in itertools.chain(outside, inside):
         if isinstance(node, ast.Call) and method_name(node) == "zero_grad":
-            owner = receiver(node)
-            if ctx.is_optimizer(owner) and acc.optimizer is not None and owner != acc.optimizer:
-                continue  # another optimizer's gradients
+            if ctx.zeroes_only_others(receiver(node), acc.optimizer):
+                continue  # another optimizer's gradients, or a model's it does not hold (a GAN's other half)
             return node
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value is None and any(
                 isinstance(t, ast.Attribute) and t.attr == "grad" for t in node.targets):
