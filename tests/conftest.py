@@ -77,3 +77,28 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def adagrad_refuses_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This torch's Adagrad refusing fused on the CPU as torch 2.11's refuses it on CUDA: 2.11's
+    ``_init_group`` calls ``_device_dtype_check_for_fused(p, cuda_unsupported=True)``, which
+    raises this error for a device the list of fused devices names. The list trainkit reads
+    (torch.utils._foreach_utils) still names the CPU."""
+    import importlib
+
+    import torch
+
+    adagrad = importlib.import_module("torch.optim.adagrad")
+    real = adagrad._device_dtype_check_for_fused
+
+    def check(p: torch.Tensor, cuda_unsupported: bool = False) -> None:
+        if p.device.type == "cpu":
+            raise RuntimeError("`fused=True` requires all the params to be floating point "
+                               f"Tensors of supported devices: ['cuda'] but {p.dtype} and cpu")
+        real(p, cuda_unsupported)
+
+    monkeypatch.setattr(adagrad, "_device_dtype_check_for_fused", check)
+    from trainkit.techniques import fused
+
+    assert "cpu" in fused._supported_devices()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 
@@ -84,6 +84,41 @@ class SleepyDataset:
         time.sleep(self.sleep_s)
         self.slept[i] = time.perf_counter() - t0
         return torch.randn(16), torch.randn(1)
+
+
+def gan_run(logdir: str, *, critic_dtype: Any = None, fused: Optional[bool] = None) -> List[Any]:
+    """A GAN's two optimizers, a generator's Adam and a critic's SGD with momentum, both patched,
+    10 steps where their updates dominate (4M kept gradients, as :func:`dominated_run`);
+    ``critic_dtype`` the critic's parameters' dtype, ``fused`` both optimizers'. Returns the
+    optimizers' entries recorded in ``trainkit/meta/optimizers``."""
+    import json
+
+    import torch
+
+    import trainkit as tk
+    from trainkit._optinfo import META_OPTIMIZERS
+    from trainkit.profiling.runs import load_run
+
+    torch.manual_seed(0)
+    g = torch.nn.Parameter(torch.zeros(2000, 1000))
+    d = torch.nn.Parameter(torch.zeros(2000, 1000, dtype=critic_dtype))
+    g.grad, d.grad = torch.randn_like(g), torch.randn_like(d)  # kept: the updates dominate
+    lin = torch.nn.Linear(16, 1)
+    opts = [torch.optim.Adam([g, *lin.parameters()], lr=1e-3, fused=fused),
+            torch.optim.SGD([d], lr=1e-3, momentum=0.9, fused=fused)]
+    for opt in opts:
+        tk.patch(opt)
+    try:
+        with tk.session(logdir=logdir, system_metrics=False):
+            for _ in range(10):
+                torch.nn.functional.mse_loss(lin(torch.randn(8, 16)), torch.randn(8, 1)).backward()
+                for opt in opts:
+                    opt.step()
+                lin.zero_grad()
+    finally:
+        for opt in opts:
+            tk.unpatch(opt)
+    return json.loads(load_run(logdir, logdir).meta[META_OPTIMIZERS])
 
 
 def fixture_run(tmp_path: Any, *names: str) -> str:

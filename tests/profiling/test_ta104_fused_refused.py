@@ -11,8 +11,6 @@ the check its step makes (as tests/techniques/test_fused_validity.py does).
 """
 from __future__ import annotations
 
-import importlib
-import json
 from typing import Any, Callable, List
 
 import pytest
@@ -20,14 +18,13 @@ import torch
 
 import trainkit as tk
 from trainkit import _optinfo
-from trainkit._optinfo import META_OPTIMIZERS, fused_accepted
+from trainkit._optinfo import fused_accepted
 from trainkit.profiling.analyzers.records import Steps, _optimizer_fix
 from trainkit.profiling.runs import load_run
 from trainkit.techniques import fused as fused_technique
 
-from .conftest import dominated_run
+from .conftest import dominated_run, gan_run
 
-_adagrad = importlib.import_module("torch.optim.adagrad")
 
 
 @pytest.fixture(autouse=True)
@@ -52,21 +49,6 @@ def _complex(make: Callable[[List[Any]], Any]) -> Callable[[List[Any]], Any]:
         big.grad = torch.randn_like(big)
         return make([*layer, big])
     return build
-
-
-@pytest.fixture
-def adagrad_refuses_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """This torch's Adagrad refusing fused on the CPU as torch 2.11's refuses it on CUDA (its
-    ``_init_group`` calls ``_device_dtype_check_for_fused(p, cuda_unsupported=True)``)."""
-    real = _adagrad._device_dtype_check_for_fused
-
-    def check(p: torch.Tensor, cuda_unsupported: bool = False) -> None:
-        if p.device.type == "cpu":
-            raise RuntimeError("`fused=True` requires all the params to be floating point "
-                               f"Tensors of supported devices: ['cuda'] but {p.dtype} and cpu")
-        real(p, cuda_unsupported)
-
-    monkeypatch.setattr(_adagrad, "_device_dtype_check_for_fused", check)
 
 
 def test_an_adam_whose_parameters_fused_refuses_is_told_its_multi_tensor_form(logdir):
@@ -128,26 +110,7 @@ def test_the_general_forms_do_not_claim_a_fused_one_every_stepped_optimizer_was_
 def test_two_types_one_refused_are_told_which(logdir):
     # A GAN's generator (Adam, float) and critic (SGD, complex): the general forms name fused=True
     # for torch.optim's classes, and say the run's SGD is refused it.
-    torch.manual_seed(0)
-    g = torch.nn.Parameter(torch.zeros(2000, 1000))
-    d = torch.nn.Parameter(torch.zeros(1000, 1000, dtype=torch.complex64))
-    g.grad, d.grad = torch.randn_like(g), torch.randn_like(d)  # kept: the updates dominate
-    lin = torch.nn.Linear(16, 1)
-    opts = [torch.optim.Adam([g, *lin.parameters()], lr=1e-3),
-            torch.optim.SGD([d], lr=1e-3, momentum=0.9)]
-    for opt in opts:
-        tk.patch(opt)
-    try:
-        with tk.session(logdir=logdir, system_metrics=False):
-            for _ in range(10):
-                torch.nn.functional.mse_loss(lin(torch.randn(8, 16)), torch.randn(8, 1)).backward()
-                for opt in opts:
-                    opt.step()
-                lin.zero_grad()
-    finally:
-        for opt in opts:
-            tk.unpatch(opt)
-    entries = json.loads(load_run(logdir, logdir).meta[META_OPTIMIZERS])
+    entries = gan_run(logdir, critic_dtype=torch.complex64)
     assert sorted((e["type"], e["fused_ok"]) for e in entries) == [("Adam", True),
                                                                   ("SGD", False)], entries
     fix = _optimizer_fix(Steps(load_run(logdir, logdir)))

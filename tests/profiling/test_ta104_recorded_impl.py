@@ -4,19 +4,17 @@ ran (``trainkit/meta/optimizers``), so the fix never suggests what the run alrea
 said ``torch.optim.Adam(params, ..., fused=True)`` to a run of exactly that."""
 from __future__ import annotations
 
-import json
 from typing import Any, Optional
 
 import pytest
 import torch
 
 import trainkit as tk
-from trainkit._optinfo import META_OPTIMIZERS
 from trainkit.profiling.analyzers.records import Steps, _optimizer_fix
 from trainkit.profiling.runs import load_run
 from trainkit.techniques import fused as fused_technique
 
-from .conftest import dominated_run
+from .conftest import dominated_run, gan_run
 
 
 def _ta104(logdir: str):
@@ -102,25 +100,7 @@ def test_two_optimizer_types_both_fused_are_not_told_to_fuse(logdir):
     # A GAN's generator (Adam) and discriminator (SGD), both fused=True: with two types the
     # recorded implementations were ignored, and the fix said "a fused implementation ...
     # fused=True".
-    torch.manual_seed(0)
-    g, d = (torch.nn.Parameter(torch.zeros(2000, 1000)) for _ in range(2))
-    g.grad, d.grad = torch.randn_like(g), torch.randn_like(d)  # kept: the updates dominate
-    lin = torch.nn.Linear(16, 1)
-    opts = [torch.optim.Adam([g, *lin.parameters()], lr=1e-3, fused=True),
-            torch.optim.SGD([d], lr=1e-3, momentum=0.9, fused=True)]
-    for opt in opts:
-        tk.patch(opt)
-    try:
-        with tk.session(logdir=logdir, system_metrics=False):
-            for _ in range(10):
-                torch.nn.functional.mse_loss(lin(torch.randn(8, 16)), torch.randn(8, 1)).backward()
-                for opt in opts:
-                    opt.step()
-                lin.zero_grad()
-    finally:
-        for opt in opts:
-            tk.unpatch(opt)
-    entries = json.loads(load_run(logdir, logdir).meta[META_OPTIMIZERS])
+    entries = gan_run(logdir, fused=True)
     assert sorted((e["type"], e["impl"]) for e in entries) == [("Adam", ["fused"]),
                                                               ("SGD", ["fused"])]
     fix = _optimizer_fix(Steps(load_run(logdir, logdir)))

@@ -10,7 +10,6 @@ torch 2.11; here the CPU stands in for CUDA: this torch's Adagrad is made to ref
 from __future__ import annotations
 
 import copy
-import importlib
 from typing import Any, List
 
 import pytest
@@ -21,7 +20,6 @@ from trainkit import switches
 from trainkit.techniques import fused
 
 CLASSES = [torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad]
-_adagrad = importlib.import_module("torch.optim.adagrad")
 
 
 def _cpu_fused() -> None:
@@ -53,24 +51,6 @@ def _make_fused(cls: type, model: torch.nn.Module) -> Any:
     opt = cls(model.parameters(), lr=0.05, fused=True)
     _train(opt, model, steps=1)
     return opt
-
-
-@pytest.fixture
-def adagrad_refuses_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """This torch's Adagrad refusing fused on the CPU as torch 2.11's refuses it on CUDA: 2.11's
-    ``_init_group`` calls ``_device_dtype_check_for_fused(p, cuda_unsupported=True)``, which
-    raises this error for a device the list of fused devices names. The list trainkit read
-    (torch.utils._foreach_utils) still names the CPU."""
-    real = _adagrad._device_dtype_check_for_fused
-
-    def check(p: torch.Tensor, cuda_unsupported: bool = False) -> None:
-        if p.device.type == "cpu":
-            raise RuntimeError("`fused=True` requires all the params to be floating point "
-                               f"Tensors of supported devices: ['cuda'] but {p.dtype} and cpu")
-        real(p, cuda_unsupported)
-
-    monkeypatch.setattr(_adagrad, "_device_dtype_check_for_fused", check)
-    assert "cpu" in fused._supported_devices()
 
 
 def test_a_class_refusing_fused_on_its_device_is_left_as_it_is(
