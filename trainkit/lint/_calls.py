@@ -5,7 +5,8 @@
 body: the loop trains through the call. A function whose backward or step sits inside a loop of
 its own (``def train(...): for x in loader: ...``) is a whole epoch, not a step: the epoch loop
 that calls it is not a training loop; so is one holding a batch loop that steps, with one more step
-after it for a short last window (TK112's fix).
+after it for a short last window (TK112's fix). What the function's body runs at every step
+(TK301, TK302) is read through the call by :mod:`trainkit.lint._step_bodies`.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
 
-def _is_batch_loop(ctx: "FileContext", loop: ast.AST) -> bool:
+def is_batch_loop(ctx: "FileContext", loop: ast.AST) -> bool:
     """A ``for`` over anything but ``range(...)`` whose body runs both a backward and a step: a pass
     over the data that updates as it goes (a critic's ``for _ in range(n_critic):`` is part of a step)."""
     if not isinstance(loop, (ast.For, ast.AsyncFor)):
@@ -46,7 +47,7 @@ def _is_batch_loop(ctx: "FileContext", loop: ast.AST) -> bool:
 def step_function_names(ctx: "FileContext") -> FrozenSet[str]:
     """Names of the file's functions and methods whose own body, outside loops, runs backward or a step.
 
-    Not a function that also holds a batch loop of its own (see :func:`_is_batch_loop`): its step
+    Not a function that also holds a batch loop of its own (see :func:`is_batch_loop`): its step
     after that loop steps a short last window (TK112's fix), and the function is a whole epoch.
     """
     found: Set[str] = set()
@@ -58,7 +59,7 @@ def step_function_names(ctx: "FileContext") -> FrozenSet[str]:
         while stack and not epoch:
             current = stack.pop()
             if isinstance(current, _LOOPS):
-                epoch = _is_batch_loop(ctx, current)
+                epoch = is_batch_loop(ctx, current)
             if isinstance(current, _SKIPPED):
                 continue
             if isinstance(current, ast.Call) and (ctx.is_backward(current) or ctx.is_step(current)):

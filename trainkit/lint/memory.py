@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import ast
-from typing import Iterator
+from typing import Iterator, Set
 
-from trainkit.lint._core import FileContext
+from trainkit.lint._core import FileContext, TrainingLoop
 from trainkit.lint._registry import Hit, rule
+from trainkit.lint._step_bodies import called_every_step
 
 _FLUSHES = {
     "torch.cuda.empty_cache": "returns cached blocks to the driver, so the next step pays cudaMalloc again and syncs",
@@ -23,6 +24,18 @@ _FIXES = {
 }
 
 
+def _flushes(ctx: FileContext, loop: TrainingLoop, where: str = "") -> Iterator[Hit]:
+    """The unconditional flushes of ``loop``'s iteration (or of a function's body read as one)."""
+    for call in loop.calls:
+        qual = ctx.qualname(call.func)
+        if qual in _FLUSHES and not loop.is_conditional(call):
+            yield Hit(
+                call,
+                f"`{ast.unparse(call)}` on every training step{where} {_FLUSHES[qual]}",
+                _FIXES["gc" if qual == "gc.collect" else "cache"],
+            )
+
+
 @rule(
     "TK301",
     name="flush-every-step",
@@ -30,15 +43,16 @@ _FIXES = {
     summary="torch.cuda.empty_cache() or gc.collect() on every iteration of a training loop",
 )
 def check_flush_every_step(ctx: FileContext) -> Iterator[Hit]:
-    """Flag an unconditional ``empty_cache()`` / ``gc.collect()`` inside a training loop."""
+    """Flag an unconditional ``empty_cache()`` / ``gc.collect()`` inside a training loop, or inside a
+    function of the file that the loop calls on every iteration (the char-RNN tutorial's ``train()``,
+    a Trainer's ``self.train_step(batch)``): reported once, in the function."""
     for loop in ctx.training_loops:
         if loop.per_epoch:
             continue  # a step once per epoch, after the batch loop (TK112's fix)
-        for call in loop.calls:
-            qual = ctx.qualname(call.func)
-            if qual in _FLUSHES and not loop.is_conditional(call):
-                yield Hit(
-                    call,
-                    f"`{ast.unparse(call)}` on every training step {_FLUSHES[qual]}",
-                    _FIXES["gc" if qual == "gc.collect" else "cache"],
-                )
+        yield from _flushes(ctx, loop)
+    seen: Set[int] = set()
+    for called in called_every_step(ctx):
+        for hit in _flushes(ctx, called.body, f" ({called.where()})"):
+            if id(hit.node) not in seen:
+                seen.add(id(hit.node))
+                yield hit

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Dict, Iterator, List, Optional, Set
+from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 from trainkit.lint._conditions import implies
 from trainkit.lint._core import FileContext, TrainingLoop
-from trainkit.lint._host_consumers import feeds_environment
+from trainkit.lint._host_consumers import feeds_environment, is_env_step
 from trainkit.lint._nodes import dotted, has_modulo, method_name, names_in, pos
 from trainkit.lint._loss import loss_of
 from trainkit.lint._registry import Hit, rule
+from trainkit.lint._step_bodies import called_every_step
 
 _SYNC_METHODS = frozenset({"item", "cpu", "tolist"})
 #: ``.numpy()`` is a host read only with ``force=True`` (which copies a GPU tensor to the host)
@@ -245,6 +246,37 @@ def _converted_tensor(call: ast.Call, tensors: Set[str], numbers: Set[str]) -> O
     return name if _tensorish(name, tensors, numbers) else None
 
 
+def _syncs(ctx: FileContext, loop: TrainingLoop, numbers: Set[str]) -> Iterator[Tuple[ast.Call, str]]:
+    """The host reads of ``loop``'s iteration (or of a function's body read as one) outside logging, with
+    what to say of each; ``numbers`` are the names its function (or the module) binds to Python numbers."""
+    tensors = {n for n in (loss_of(loop, c) for c in loop.backward_calls) if n}
+    numbers = numbers - tensors
+    for call in loop.calls:
+        if (method_name(call) in _SYNC_METHODS and not call.args and not call.keywords) or _forced_numpy(call):
+            inner = call.func.value  # type: ignore[attr-defined]
+            if isinstance(inner, ast.Call) and method_name(inner) in _CONVERTERS and not inner.args:
+                continue  # `.cpu().numpy()`: one sync, reported at the `.cpu()`
+            if _made_on_host(ctx, inner) or _numpy_value(ctx, inner):
+                continue  # `torch.rand(1).item()`, `np.arange(4).tolist()`: no device to wait for
+            found = f"`{ast.unparse(call)}`"
+        elif (converted := _converted_tensor(call, tensors, numbers)) is not None:
+            if _number_here(loop, converted, call):
+                continue
+            found = f"`{ast.unparse(call)}` reads a tensor on the host, as `.item()` does, and"
+        else:
+            printed = _printed_tensor(call, tensors, numbers)
+            if printed is None or _number_here(loop, printed, call):
+                continue
+            found = f"`{ast.unparse(call)}` formats tensor `{printed}` and"
+        if _exempt(ctx, loop, call) or feeds_environment(ctx, loop, call):
+            continue  # logging, or the environment needs the value on the host
+        yield call, found
+
+
+_FIX = ("log every N steps under `if step % log_every == 0:`, or keep a device-side running total "
+        "(`total += loss.detach()`) and read it once per epoch")
+
+
 @rule(
     "TK302",
     name="host-sync-every-step",
@@ -252,41 +284,36 @@ def _converted_tensor(call: ast.Call, tensors: Set[str], numbers: Set[str]) -> O
     summary=".item()/.cpu()/.tolist()/.numpy(force=True)/float(tensor)/print(tensor) on every training step",
 )
 def check_host_sync(ctx: FileContext) -> Iterator[Hit]:
-    """Flag a GPU->CPU sync in the training step outside a logging condition."""
+    """Flag a GPU->CPU sync in the training step outside a logging condition: in the loop, or in a
+    function of the file that the loop calls on every iteration (the char-RNN tutorial's ``train()``
+    ending in ``return output, loss.item()``), reported once, in the function. Not a function called
+    under ``torch.no_grad()`` or a logging ``if``, nor one whose result goes to an environment's
+    ``step(...)`` (an RL policy's ``select_action`` returning ``action.item()``)."""
     # A script that never mentions CUDA may run on a CPU, where the sync costs little.
     waits = ("waits for the GPU on every training step" if ctx.mentions_cuda
              else "forces a device sync on every training step (the CPU waits for the GPU when there is one)")
     in_scope: Dict[int, Set[str]] = {}  # each scope walked once: a script of many loops at module level
+
+    def numbers(scope: ast.AST) -> Set[str]:
+        if id(scope) not in in_scope:
+            in_scope[id(scope)] = _python_numbers(scope)
+        return in_scope[id(scope)]
+
     for loop in ctx.training_loops:
         if loop.per_epoch:
             continue  # a step once per epoch, after the batch loop (TK112's fix)
-        tensors = {n for n in (loss_of(loop, c) for c in loop.backward_calls) if n}
         scope = _scope(ctx, loop)
-        if id(scope) not in in_scope:
-            in_scope[id(scope)] = _python_numbers(scope)
-        numbers = in_scope[id(scope)] - tensors
-        for call in loop.calls:
-            if (method_name(call) in _SYNC_METHODS and not call.args and not call.keywords) or _forced_numpy(call):
-                inner = call.func.value  # type: ignore[attr-defined]
-                if isinstance(inner, ast.Call) and method_name(inner) in _CONVERTERS and not inner.args:
-                    continue  # `.cpu().numpy()`: one sync, reported at the `.cpu()`
-                if _made_on_host(ctx, inner) or _numpy_value(ctx, inner):
-                    continue  # `torch.rand(1).item()`, `np.arange(4).tolist()`: no device to wait for
-                found = f"`{ast.unparse(call)}`"
-            elif (converted := _converted_tensor(call, tensors, numbers)) is not None:
-                if _number_here(loop, converted, call):
-                    continue
-                found = f"`{ast.unparse(call)}` reads a tensor on the host, as `.item()` does, and"
-            else:
-                printed = _printed_tensor(call, tensors, numbers)
-                if printed is None or _number_here(loop, printed, call):
-                    continue
-                found = f"`{ast.unparse(call)}` formats tensor `{printed}` and"
-            if _exempt(ctx, loop, call) or feeds_environment(ctx, loop, call):
-                continue  # logging, or the environment needs the value on the host
-            yield Hit(
-                call,
-                f"{found} {waits}",
-                "log every N steps under `if step % log_every == 0:`, or keep a device-side "
-                "running total (`total += loss.detach()`) and read it once per epoch",
-            )
+        for call, found in _syncs(ctx, loop, numbers(scope)):
+            yield Hit(call, f"{found} {waits}", _FIX)
+    seen: Set[int] = set()
+    env_loops: Dict[int, bool] = {}  # whether a loop steps an environment, asked once per loop
+    for called in called_every_step(ctx):
+        loop = called.loop
+        if id(loop) not in env_loops:
+            env_loops[id(loop)] = any(is_env_step(ctx, c) for c in loop.calls)
+        if _exempt(ctx, loop, called.call) or (env_loops[id(loop)] and feeds_environment(ctx, loop, called.call)):
+            continue  # called under `torch.no_grad()`, or its result is an action for the environment
+        for call, found in _syncs(ctx, called.body, numbers(called.function)):
+            if id(call) not in seen:
+                seen.add(id(call))
+                yield Hit(call, f"{found} {waits}, {called.where()}", _FIX)
