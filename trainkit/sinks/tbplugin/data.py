@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...profiling.analyze import analyze_run
@@ -75,6 +76,12 @@ class TabData:
                        else _spec_roots(logdir_spec) if logdir_spec else [])
         self._lock = threading.Lock()
         self._reports: Dict[str, Tuple[Any, Dict[str, Any]]] = {}
+        # run -> a lock held while its report is computed: one analysis of a run at a time (a
+        # run of 1,000,000 steps takes ~30 s and ~2 GB to analyze; a tab reloaded meanwhile
+        # started another one, and another, each as large), and the last one computed, as
+        # (monotonic time it started, signature it started with, report)
+        self._computing: Dict[str, threading.Lock] = {}
+        self._latest: Dict[str, Tuple[float, Any, Dict[str, Any]]] = {}
         # event file -> (bytes scanned, holds a trainkit tag): files only grow, so a file found
         # once stays found, and one not found yet is scanned again from where the scan ended.
         self._scanned: Dict[str, Tuple[int, bool]] = {}
@@ -113,19 +120,32 @@ class TabData:
                    for n in names if EVENTS_MARK in n)
 
     def _report(self, name: str, folder: str) -> Dict[str, Any]:
-        sig = _signature(folder)
+        asked, sig = time.monotonic(), _signature(folder)
         with self._lock:
             cached = self._reports.get(name)
             if cached is not None and cached[0] == sig:
                 return cached[1]
-        out = analyze_run(folder, folder, name=name).to_dict()  # named as TensorBoard names it
-        out["ablation"] = _ablation(folder)
-        # Not kept while a trace is being written: asked again, it may be complete, or, left
-        # unchanged past the grace period (the same signature), broken for good.
-        if not out["writing"]:
+            gate = self._computing.setdefault(name, threading.Lock())
+        with gate:  # asked while the run is being analyzed: wait for that analysis
             with self._lock:
-                self._reports[name] = (sig, out)
-        return out
+                latest, cached = self._latest.get(name), self._reports.get(name)
+            # One begun since this request came read the run as it was then, or newer (a trace
+            # being written included, whose report is not kept below); one of the same files
+            # that was kept says the same
+            if latest is not None and latest[0] > asked:
+                return latest[2]
+            if cached is not None and cached[0] == sig:
+                return cached[1]
+            started, sig = time.monotonic(), _signature(folder)
+            out = analyze_run(folder, folder, name=name).to_dict()  # named as TensorBoard does
+            out["ablation"] = _ablation(folder)
+            with self._lock:
+                self._latest[name] = (started, sig, out)
+                # Not kept while a trace is being written: asked again, it may be complete, or,
+                # left unchanged past the grace period (the same signature), broken for good.
+                if not out["writing"]:
+                    self._reports[name] = (sig, out)
+            return out
 
     def runs(self) -> List[str]:
         """The runs holding trainkit records or traces, by name (``"."`` is the logdir)."""
