@@ -9,7 +9,9 @@ out until it is complete, and said to be still being written. A folder holding s
 run (:mod:`.runs`): a rerun alone (TA111 names the sessions it hides), a resumed run up to its
 checkpoint and the resumed session from there. A relaunch that counted no step (it crashed in
 setup or in its first step) is left out, and so are the traces of steps a later session counted
-again.
+again. A trace is the session's whose event file it names (trainkit's traces record it; read from
+the trace's head, so that traces left out are never parsed), else by clock times
+(:mod:`.tracesessions`).
 Each run's report says which steps its traces hold (:class:`Profiled`): the trace findings are
 of those steps alone, a few of the run's, which a user looks up in TensorBoard's step times.
 """
@@ -94,9 +96,9 @@ class RunReport:
     is_trainkit: bool = True
     #: traces torch.profiler may still be writing: left out of the findings until complete
     writing: Tuple[str, ...] = ()
-    #: traces of the folder's earlier sessions, left out of the findings: written before the
-    #: first session shown (see TA111), or of steps a later session counted again
-    #: (:meth:`.runs.Run.replaced`)
+    #: traces of the folder's earlier sessions, left out of the findings: of a session hidden (the
+    #: one it names, else written before the first session shown: see TA111), or of steps a later
+    #: session counted again (:meth:`.runs.Run.replaced`)
     earlier_traces: Tuple[str, ...] = ()
     #: the steps the traces analyzed hold
     profiled: Profiled = Profiled()

@@ -18,9 +18,11 @@ system sample and first data wait at step 1 are not the run's (TensorBoard shows
 others, each tag a later session wrote again drops the earlier sessions' points of that tag from
 the step it wrote it at, and a later session that counted steps drops every tag's from its first
 counted step on (the earlier steps from there are another run's); a session with no point left
-is hidden (a rerun). Left out with them: the traces written before the first session shown, and
-those holding steps a later session counted again (:meth:`Run.replaced`). Where no session
-counted a step, all of them merge tag by tag, as TensorBoard shows them.
+is hidden (a rerun). Left out with them: the traces of the sessions hidden, and those holding
+steps a later session counted again (:meth:`Run.replaced`). A trace is a session's by the event
+file it names (trainkit's do: :mod:`.tracesessions`), else by clock times: written before the first
+session shown started, it is a hidden one's; before a later one started, an earlier one's. Where
+no session counted a step, all of them merge tag by tag, as TensorBoard shows them.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 from ..recorder import PREFIX, STEP_TIME, UPDATE_MS
 from ..sinks.tensorboard import masked_crc32c
 from .trace import is_trace
+from .tracesessions import redone_from, trace_sessions
 
 #: The text summaries a run's reader keeps (:attr:`Run.meta`).
 META = PREFIX + "meta/"
@@ -61,7 +64,8 @@ class Run:
     #: when the first session shown started (its first event's wall time), read when a session
     #: is hidden
     started: Optional[float] = None
-    #: the traces written before the first session shown started, left out of its analysis
+    #: the traces of the sessions hidden, left out of the analysis: those naming a hidden session,
+    #: and those naming none written before the first session shown started
     earlier_traces: Tuple[str, ...] = ()
     #: the sessions whose points are neither shown nor analyzed: those later ones hide (they
     #: counted steps again from their first step or before, or wrote again every tag of theirs: a
@@ -77,6 +81,13 @@ class Run:
     #: ``(started, first counted step)`` of each session shown after the first, where sessions
     #: counted steps (:meth:`replaced`)
     restarts: Tuple[Tuple[float, int], ...] = ()
+    #: ``trace -> session`` (event file's name) for each trace naming a session of the folder
+    #: that is shown or hidden: assigned by that name, not by clock times (read where the folder
+    #: holds several sessions)
+    trace_sessions: Dict[str, str] = dataclasses.field(default_factory=dict)
+    #: ``session -> step``: for each session shown after which another counted steps, the first
+    #: step a later one counted (:meth:`replaced`, for the traces naming the session)
+    redone: Dict[str, int] = dataclasses.field(default_factory=dict)
 
     def values(self, tag: str) -> Dict[int, float]:
         """``step -> value`` of one tag (the last value written for a step wins)."""
@@ -84,16 +95,23 @@ class Run:
 
     def replaced(self, trace: str, steps: Sequence[int]) -> bool:
         """Whether a later session counted again steps the trace ``trace`` holds (``steps``,
-        as ``trainkit/step_time_ms`` numbers them): it was written before a session shown
-        started and holds a step from that one's first counted step on (a session resumed from
-        an earlier checkpoint, which TensorBoard shows there), so it is left out of the
-        analysis. A trace without step marks (no ``steps``) is kept.
+        as ``trainkit/step_time_ms`` numbers them): it is the trace of a session before one
+        shown (the session it names, else one written before that one started) and holds a step
+        from that one's first counted step on (a session resumed from an earlier checkpoint,
+        which TensorBoard shows there), so it is left out of the analysis. A trace without step
+        marks (no ``steps``) is kept.
 
         Example::
 
             events = read_trace(path); run.replaced(path, summarize(events).run_steps)
         """
-        if not self.restarts or not steps:
+        if not steps:
+            return False
+        own = self.trace_sessions.get(trace)
+        if own is not None:
+            first = self.redone.get(own)
+            return first is not None and max(steps) >= first
+        if not self.restarts:
             return False
         written, last = trace_time(trace), max(steps)
         return any(written < started and last >= first for started, first in self.restarts)
@@ -274,7 +292,8 @@ def load_run(logdir: str, folder: str) -> Run:
     """The run in ``folder`` (a folder :func:`find_runs` returned for ``logdir``).
 
     With several sessions in the folder, the records and traces of those TensorBoard shows (see
-    the module's docstring); the others are named in ``hidden`` and ``earlier_traces``.
+    the module's docstring); the others are named in ``hidden`` and ``earlier_traces``. Each trace
+    is assigned by the session it names (its head read, not its events), else by clock times.
     """
     name = os.path.relpath(folder, logdir)
     files = sorted(os.listdir(folder))  # TensorBoard's order: by name, which starts with the time
@@ -298,17 +317,20 @@ def load_run(logdir: str, folder: str) -> Run:
     empty = {f for f, got in read if not any(got.values())}
     hidden = tuple(f for f in sessions if f not in shown and f not in empty)
     started = session_start(os.path.join(folder, shown[0])) if hidden and shown else None
-    earlier: List[str] = []
-    if started is not None:
-        earlier = [t for t in traces if trace_time(t) < started]
-        traces = [t for t in traces if t not in earlier]
+    named = trace_sessions(traces, set(shown).union(hidden))
+    # a hidden session's, by its name; by clock times, one written before the first shown began
+    earlier = [t for t in traces if (named[t] in hidden if t in named
+                                     else started is not None and trace_time(t) < started)]
+    left_out = set(earlier)
+    traces = [t for t in traces if t not in left_out]
     starts = [(session_start(os.path.join(folder, f)), counted[f])
               for f in (shown[1:] if counted else [])]
     return Run(name=name, path=folder, scalars=scalars, traces=tuple(traces), sessions=sessions,
                started=started, earlier_traces=tuple(earlier), hidden=hidden,
                hidden_counted=tuple(f for f in hidden if f in counted),
                meta={tag: text for f in shown for tag, text in meta[f].items()},
-               restarts=tuple((t, first) for t, first in starts if t is not None))
+               restarts=tuple((t, first) for t, first in starts if t is not None),
+               trace_sessions=named, redone=redone_from(shown, counted))
 
 
 #: What only a counted step writes (its optimizer's update, its time since the step before): a

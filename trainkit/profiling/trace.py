@@ -17,7 +17,11 @@ torch numbers the steps ``ProfilerStep#0``, ``#1``... from the session's start (
 across the cycles of ``repeat``, as the profiler is stepped at each step in between), trainkit
 from the session's ``steps_done`` + 1: ``ProfilerStep#N`` is trainkit's step N + steps_done + 1
 (``trainkit/step_time_ms``, ``s.log``), N + 1 in a session not resumed, as each trace's
-top-level ``"trainkit"`` metadata says (``step_offset``).
+top-level ``"trainkit"`` metadata says (``step_offset``). That metadata also names the session
+writing the trace: its event file's name (``session_file``), by which the analysis tells which
+session of a folder holding several wrote it, where clock times cannot (two sessions writing into
+one folder at once, a relaunch on a machine whose clock differs). torch before 2.1 has no
+``preset_metadata_json``: its traces record neither, and are read by clock times.
 
 torch runs one profiler at a time: a second one started while one records cancels it, and the
 first one's stop then ends the second. So a session refuses ``profile=`` while a profiler of the
@@ -36,11 +40,11 @@ import os
 import socket
 import sys
 import warnings
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from .._text import user_stacklevel
 from .regions import profiler_check, profiler_enabled
-from .tracestats import AFTER_LAST_STEP, STEP_OFFSET, STEP_PREFIX, TRACE_META
+from .tracestats import AFTER_LAST_STEP, SESSION_FILE, STEP_OFFSET, STEP_PREFIX, TRACE_META
 
 #: The suffixes of a trace file, plain or gzip-compressed.
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
@@ -120,7 +124,8 @@ class Tracer:
     Records CPU activity, and CUDA activity when a GPU is available. ``traces`` lists the files
     written so far (one per completed cycle); ``steps`` counts the steps seen. ``steps_done``:
     the run's steps before this session's (a resumed session's), which trainkit's step numbers
-    count and torch's do not.
+    count and torch's do not. ``session_file``: the event file of the session (its name is
+    recorded in each trace).
 
     Example::
 
@@ -131,7 +136,7 @@ class Tracer:
     """
 
     def __init__(self, logdir: str, schedule: Any, *, rank: Optional[int] = None,
-                 steps_done: int = 0) -> None:
+                 steps_done: int = 0, session_file: Optional[str] = None) -> None:
         import torch
         from torch.profiler import ProfilerAction, ProfilerActivity
         from torch.profiler import schedule as make_schedule
@@ -178,14 +183,19 @@ class Tracer:
         )
         # torch numbers its ProfilerStep#N from 0 as the profiler starts, trainkit its steps from
         # steps_done + 1 (step_time_ms, s.log): each trace says how one maps to the other, at
-        # its top level
+        # its top level, and which session's event file holds those steps
         offset = steps_done + STEP_OFFSET
         preset = getattr(self._prof, "preset_metadata_json", None)  # torch 2.1 and later
         if preset is not None:
-            preset(TRACE_META, json.dumps({"step_offset": offset, "about": (
+            meta: Dict[str, Any] = {"step_offset": offset, "about": (
                 f"ProfilerStep#N is trainkit step N + {offset} (as trainkit/step_time_ms "
                 f"and s.log number them); {AFTER_LAST_STEP} is what ran after the session's last "
-                f"step, no step")}))
+                f"step, no step")}
+            if session_file:
+                meta[SESSION_FILE] = os.path.basename(session_file)
+            # Kineto writes the value as it is, less its backslashes: a host's name that is not
+            # ASCII stays UTF-8, not a \u escape
+            preset(TRACE_META, json.dumps(meta, ensure_ascii=False))
         self._prof.__enter__()
         self._closed = False
 
@@ -316,6 +326,10 @@ class Tracer:
 
 
 def start_profiler(session: Any) -> Tracer:
-    """The session's tracer, writing into ``session.logdir``."""
+    """The session's tracer, writing into ``session.logdir``, its traces naming the session's
+    event file (opened by its recorder before the profiler starts)."""
+    writer = getattr(getattr(session, "_recorder", None), "writer", None)
+    path = getattr(writer, "path", None)
     return Tracer(session.logdir, session.profile, rank=session.rank,
-                  steps_done=session.steps_done)
+                  steps_done=session.steps_done,
+                  session_file=path if isinstance(path, str) else None)

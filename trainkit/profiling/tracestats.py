@@ -7,7 +7,8 @@ step), ``cuda_runtime`` / ``cuda_driver`` for host-side CUDA calls, and on the G
 
 torch numbers the step marks from 0 as the profiler starts; trainkit's traces record, in their
 top-level ``"trainkit"`` metadata, which of the run's steps ``ProfilerStep#0`` is (a session
-resumed with ``steps_done`` starts its profiler after that many steps of the run).
+resumed with ``steps_done`` starts its profiler after that many steps of the run), and which
+session wrote them (its event file's name, :data:`SESSION_FILE`).
 """
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ TRACE_META = "trainkit"
 #: from 0. Also the reading of a trace that records none (trainkit's from before it recorded one,
 #: or a profiler's of the user's), which can only be taken as a fresh session's.
 STEP_OFFSET = 1
+#: The key of trainkit's trace metadata naming the session that wrote the trace: the name of that
+#: session's event file (``events.out.tfevents.<time>.<host>.<pid>.<n>``), which tells the
+#: sessions of one folder apart where their clocks cannot (:mod:`.tracesessions`).
+SESSION_FILE = "session_file"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +110,20 @@ def recorded_offset(meta: Mapping[str, Any]) -> int:
     if isinstance(offset, int) and not isinstance(offset, bool) and offset >= 1:
         return offset
     return STEP_OFFSET
+
+
+def recorded_session(meta: Mapping[str, Any]) -> Optional[str]:
+    """The name of the event file of the session that wrote a trace, as its top-level entries
+    ``meta`` record it; None where they record none (a trace from before trainkit recorded it,
+    from torch before 2.1, a profiler's of the user's) or a malformed one.
+
+    Example::
+
+        recorded_session(read_trace(path).meta)  # 'events.out.tfevents.1795514398.vm.7.000001'
+    """
+    own = meta.get(TRACE_META)
+    name = own.get(SESSION_FILE) if isinstance(own, dict) else None
+    return name if isinstance(name, str) and name else None
 
 
 def summarize(events: List[Dict[str, Any]], *,
