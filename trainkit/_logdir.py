@@ -64,10 +64,29 @@ def run_start_time() -> datetime.datetime:
 
 def default_logdir() -> str:
     """Where a session without ``logdir`` writes: ``runs/<time>_<host>`` (made here, see
-    :func:`fresh_folder`)."""
+    :func:`fresh_folder`), ``runs/<time>_<host>-restart<K>`` in torchrun's K-th restart."""
     # The layout torch.utils.tensorboard.SummaryWriter uses, so runs sort by time.
     when = run_start_time()
-    return fresh_folder(os.path.join("runs", f"{when.strftime('%b%d_%H-%M-%S')}_{socket.gethostname()}"))
+    name = f"{when.strftime('%b%d_%H-%M-%S')}_{socket.gethostname()}"
+    restart = _restart_count()
+    if restart:
+        # A restarted attempt has the same launcher start as the failed one, whose ranks may
+        # not all have claimed their folder (one failed before its session): claiming by rank,
+        # the new attempt's ranks split over that folder and the next. A folder of its own,
+        # named after the restart, keeps each attempt's ranks together.
+        name += f"-restart{restart}"
+    return fresh_folder(os.path.join("runs", name))
+
+
+def _restart_count() -> int:
+    """torchrun's ``TORCHELASTIC_RESTART_COUNT`` in a rank (0 in the first attempt, and outside
+    torchrun)."""
+    if _env.rank() is None:
+        return 0
+    try:
+        return max(int(_env.get(_env.RESTART_COUNT) or 0), 0)
+    except ValueError:
+        return 0
 
 
 def fresh_folder(path: str) -> str:
