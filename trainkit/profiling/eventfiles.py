@@ -1,0 +1,68 @@
+"""Reading an event file's records: TFRecord framing, as TensorBoard's writer and trainkit's write it.
+
+Each record is its payload's length (8 bytes), that length's masked CRC32C (4), the payload (an
+``Event`` protobuf) and its masked CRC32C (4). A file being written ends in a record not complete
+yet, and a torn or corrupt one in a record whose CRC is wrong: reading stops there, as
+TensorBoard's reader does, and what comes before is kept. A long run's file is hundreds of
+megabytes, so it is read in chunks, not whole.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Iterator, List
+
+from ..sinks.tensorboard import masked_crc32c
+
+_HEADER = struct.Struct("<QI")  # a record's payload length, and that length's masked CRC
+_CRC = struct.Struct("<I")
+
+
+def event_records(path: str) -> Iterator[bytes]:
+    """The payloads of an event file's records, in order (the framing the writer writes).
+
+    Stops, as TensorBoard's reader does, at a record still being written (the file of a run in
+    progress) or one whose CRC is wrong (a torn or corrupt file): what comes before is kept.
+    Read in chunks of :data:`_CHUNK` bytes: a long run's file is hundreds of megabytes.
+    """
+    with open(path, "rb") as fh:
+        rest = b""
+        while True:
+            more = fh.read(_CHUNK)
+            data = rest + more if rest else more
+            got: List[bytes] = []
+            pos = _scan(data, got)
+            yield from got
+            if pos < 0 or not more:
+                return
+            rest = data[pos:]
+
+
+#: How much of an event file :func:`event_records` reads at a time.
+_CHUNK = 4 << 20
+
+
+def records_in(data: bytes) -> Iterator[bytes]:
+    """The payloads of the complete records at the start of ``data`` (a file's first bytes)."""
+    got: List[bytes] = []
+    _scan(data, got)
+    return iter(got)
+
+
+def _scan(data: bytes, out: List[bytes]) -> int:
+    """Put the payloads of ``data``'s complete records into ``out``; returns where the first
+    incomplete one begins (the end of ``data`` where none is), or -1 at a wrong CRC."""
+    pos, end = 0, len(data)
+    while pos + _HEADER.size <= end:
+        length, header_crc = _HEADER.unpack_from(data, pos)
+        if masked_crc32c(data[pos:pos + 8]) != header_crc:
+            return -1
+        start = pos + _HEADER.size
+        stop = start + length + _CRC.size
+        if stop > end:
+            return pos
+        payload = data[start:start + length]
+        if masked_crc32c(payload) != _CRC.unpack_from(data, stop - _CRC.size)[0]:
+            return -1
+        out.append(payload)
+        pos = stop
+    return pos
