@@ -63,6 +63,7 @@ def test_a_rerun_into_the_same_folder_is_analyzed_for_its_latest_session(tmp_pat
     assert f"the session(s) TensorBoard shows, {latest}" in f.evidence
     assert "1 earlier one(s)" in f.evidence
     assert "tk.session(logdir='runs/exp2')" in f.fix
+    assert "torchrun restart" in f.evidence and "-restart<K>" in f.fix  # (one looks the same)
 
     # the same report as for a folder holding the latest session alone
     alone = tmp_path / "alone"

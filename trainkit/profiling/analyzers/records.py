@@ -261,7 +261,8 @@ def several_sessions(run: Run) -> Optional[Finding]:
         code="TA111", title="several sessions in one run folder",
         evidence=f"{len(run.sessions)} sessions wrote into {run.path!r}, and a later one counted "
                  f"its steps again from the first step of an earlier one or before (a script run "
-                 f"again with the same logdir, from step 1): these "
+                 f"again with the same logdir, from step 1, or a torchrun restart after a "
+                 f"failure, --max-restarts): these "
                  f"findings are of the session(s) TensorBoard shows, {', '.join(shown)}{when}"
                  f"{traces}; the {n} earlier one(s){left} are left out{also}, as TensorBoard's "
                  f"Scalars tab leaves them out (with --load_fast=false, it draws all of them one "
@@ -269,7 +270,9 @@ def several_sessions(run: Run) -> Optional[Finding]:
         share=None, count=len(run.sessions),
         fix="give each run its own folder: tk.session(logdir='runs/exp2'), or tk.session() "
             "for a new dated one under runs/; a run resumed from a checkpoint goes on in the "
-            "same folder with tk.session(logdir, steps_done=<the checkpoint's step count>); to "
+            "same folder with tk.session(logdir, steps_done=<the checkpoint's step count>), a "
+            "torchrun restart too (or, with tk.session() and no logdir, each restart writes a "
+            "folder of its own, <run>-restart<K>); to "
             "compare with an earlier session, move its event file (and its traces) into a "
             "folder of its own beside this one",
         severity="low", run=run.name)
