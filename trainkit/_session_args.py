@@ -32,7 +32,8 @@ def check_session_args(*, log_every: Any, flush_secs: Any, system_metrics: Any,
                          f"at 0.001 s); a SIGKILL loses at most flush_secs of records, so "
                          f"e.g. flush_secs=0.5 already loses next to nothing")
     if not isinstance(system_metrics, bool):
-        raise TypeError(f"session(system_metrics={system_metrics!r}): must be True or False")
+        raise TypeError(f"session(system_metrics={system_metrics!r}): must be True or False "
+                        f"(CPU load and memory under trainkit/system/), e.g. system_metrics=False")
     if isinstance(steps_done, bool) or not isinstance(steps_done, numbers.Integral) \
             or steps_done < 0 or steps_done >= MAX_STEP:
         raise ValueError(f"session(steps_done={steps_done!r}): must be the number of optimizer "

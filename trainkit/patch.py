@@ -349,7 +349,8 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
     from .loader import PatchedLoader
 
     if not isinstance(compile, bool):
-        raise TypeError(f"patch(..., compile={compile!r}): compile must be True or False")
+        raise TypeError(f"patch(..., compile={compile!r}): compile must be True or False, e.g. "
+                        f"tk.patch(optimizer, compile=True)")
     if isinstance(obj, torch.optim.Optimizer):
         inner = inner_optimizer(obj)  # accelerate's wrapper: its calls are not all steps
         if inner is not None:

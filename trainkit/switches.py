@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import numbers
 import re
 from typing import Any, Dict, Iterator, Mapping, Optional
 
@@ -29,6 +30,21 @@ def _check_name(name: Any) -> str:
         raise TypeError(f"technique({name!r}, ...): name must be a str identifier, one of the "
                         f"built-in {', '.join(BUILTIN)} or your own, e.g. tk.technique('my_hook', True)")
     return name
+
+
+def _check_default(name: str, default: Any) -> None:
+    """Refuse a built-in technique's default of the wrong type: ``tk.technique("fused", "maybe")``
+    would switch it on (a non-empty str is true) where the ablation's override is a bool."""
+    if name == "num_workers":
+        if isinstance(default, bool) or not isinstance(default, numbers.Integral):
+            raise TypeError(f"technique('num_workers', {default!r}): the built-in 'num_workers' "
+                            f"takes an int >= 0, e.g. tk.technique('num_workers', 4)")
+        if default < 0:
+            raise ValueError(f"technique('num_workers', {default!r}): must be an int >= 0, e.g. "
+                             f"tk.technique('num_workers', 4)")
+    elif name in BUILTIN and default is not None and not isinstance(default, bool):
+        raise TypeError(f"technique({name!r}, {default!r}): the built-in {name!r} takes True or "
+                        f"False (or None: unset), e.g. tk.technique({name!r}, True)")
 
 
 def _check_values(values: Mapping[str, Any], where: str) -> None:
@@ -108,6 +124,7 @@ def technique(name: str, default: Any) -> Any:
         loader = DataLoader(ds, num_workers=tk.technique("num_workers", 4))
     """
     _check_name(name)
+    _check_default(name, default)
     value = default
     source = _in_process if _in_process is not None else _env_overrides()
     if name in source:

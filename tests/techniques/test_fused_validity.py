@@ -199,3 +199,17 @@ def test_cuda_fused_where_this_torch_takes_it_and_the_step_always_runs(cls: type
     got = _train(opt, model)  # before the fix, torch 2.11's Adagrad raised here
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_another_optimizers_own_kind_of_fused_value_is_left_as_it_is() -> None:
+    """A third party's optimizer whose ``fused`` default is its own kind of value (a str): not a
+    technique default trainkit can read, so patching it neither raises (built-in techniques take
+    True, False or None) nor switches it, with or without an override."""
+    p = torch.nn.Parameter(torch.zeros(3))
+    for override in ({}, {"fused": True}):
+        opt = torch.optim.SGD([p], lr=0.1)
+        opt.defaults["fused"] = "auto"
+        with switches.overrides(override):
+            tk.patch(opt)
+        assert opt.defaults["fused"] == "auto" and opt.param_groups[0]["fused"] is None
+        tk.unpatch(opt)

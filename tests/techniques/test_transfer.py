@@ -184,16 +184,19 @@ def test_patched_loader_counts_items_past_a_leading_0d_tensor(tmp_path):
 def test_to_device_to_cuda_without_a_gpu_keeps_torchs_error_and_leaves_tensorless_batches_be(tmp_path):
     # to_device starts CUDA before timing the first copy to a GPU; on a machine without one that
     # start fails: a batch with no tensor is returned as it is (as before), and a tensor's copy
-    # raises torch's own error, not one from the start-up.
+    # raises a ValueError that repeats the device and shows the fix, caused by torch's own error
+    # from the copy, not one from the start-up.
     batch = {"ids": [1, 2], "name": "x"}
     with tk.session(logdir=tmp_path, system_metrics=False):
         assert tk.to_device(batch, "cuda") == batch
-        with pytest.raises((RuntimeError, AssertionError)) as raised:
+        with pytest.raises(ValueError, match=r"device='cuda'\): this machine has no CUDA GPU"
+                           r".*else 'cpu'") as raised:
             tk.to_device(torch.zeros(2), "cuda")
     try:
         torch.zeros(2).to("cuda")
     except (RuntimeError, AssertionError) as exc:
-        assert type(raised.value) is type(exc) and str(raised.value) == str(exc)
+        cause = raised.value.__cause__
+        assert type(cause) is type(exc) and str(cause) == str(exc)
 
 
 def test_items_of_a_dataclass_batch_are_counted(tmp_path):

@@ -183,6 +183,8 @@ def apply(opt: Any) -> Optional[Callable[[], None]]:
     from .. import switches
 
     current = opt.defaults.get("fused") if hasattr(opt, "defaults") else None
+    if current is not None and not isinstance(current, bool):
+        return None  # another optimizer's own kind of value (a str, a tensor): not guessed at
     want = switches.technique("fused", current)
     if bool(want) == bool(current) or not _valid(opt, bool(want)):
         return None

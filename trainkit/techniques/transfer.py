@@ -37,6 +37,25 @@ def _device(device: Any) -> Any:
                          f"'cuda', 'cuda:0', 'cpu' or 'mps'") from None
 
 
+def _explain_no_such_gpu(exc: BaseException, device: Any, dev: Any) -> None:
+    """After a copy to ``dev`` failed with ``exc``: where ``dev`` is a CUDA device this machine
+    does not have, raise a ValueError that repeats ``device`` and shows the fix (torch's own words,
+    "Found no NVIDIA driver", repeat neither), caused by ``exc``; else return (``exc`` goes on)."""
+    if dev.type != "cuda":
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise ValueError(f"to_device(..., device={device!r}): this machine has no CUDA GPU "
+                         f"(torch.cuda.is_available() is False); pass a device it has, e.g. "
+                         f"device = 'cuda' if torch.cuda.is_available() else 'cpu'") from exc
+    if dev.index is not None and dev.index >= count:
+        raise ValueError(f"to_device(..., device={device!r}): this machine has {count} CUDA "
+                         f"GPU(s), cuda:0 to cuda:{count - 1}; pass one of them, e.g. "
+                         f"device='cuda:0'") from exc
+
+
 _REFUSED: Any = None
 
 
@@ -315,18 +334,26 @@ def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> 
             dev = torch.device("cuda", torch.cuda.current_device())  # what tensors on it report
     s = _active_session()
     if s is None:
-        return _move(obj, dev, non_blocking, [0, 0])
+        try:
+            return _move(obj, dev, non_blocking, [0, 0])
+        except (RuntimeError, AssertionError) as exc:
+            _explain_no_such_gpu(exc, device, dev)
+            raise
     gpu = timing.cuda_in_use() and dev.type == "cuda"
     if gpu and s._cuda_device is None:  # where the steps run, until an optimizer's step says
         s._cuda_device = dev.index
     ev0 = timing.cuda_event(dev.index) if gpu else None  # the copies run on its stream
     t0 = timing.now()
     acc = [0, 0]
-    if profiler_enabled():  # the copies show as a named range in traces
-        with record_function("trainkit/to_device"):
+    try:
+        if profiler_enabled():  # the copies show as a named range in traces
+            with record_function("trainkit/to_device"):
+                out = _move(obj, dev, non_blocking, acc)
+        else:
             out = _move(obj, dev, non_blocking, acc)
-    else:
-        out = _move(obj, dev, non_blocking, acc)
+    except (RuntimeError, AssertionError) as exc:  # nothing recorded yet: the session goes on
+        _explain_no_such_gpu(exc, device, dev)
+        raise
     if acc[0]:
         elapsed: Any = (timing.PendingInterval(ev0, timing.cuda_event(dev.index)) if gpu
                         else (timing.now() - t0) * 1e3)
