@@ -16,7 +16,12 @@ Variants, rounds and ratios are overhead.py's (one model, each variant's own opt
 random order each round, medians of per-round ratios pooled over fresh processes, bootstrap 95%
 CIs); "by hand" is left out to keep rounds short.
 
-    python benchmarks/overhead_bound.py [--processes 6] [--rounds 40]
+``--parts`` adds, in the same rounds, the trainkit loop less each of its parts (overhead.py's
+``--without``, one variant each: regions, loader, step, log) and less the round's flush (the
+records kept, the writer's work for them not done): what each part costs, side by side, where
+``--without`` measured each in a run of its own.
+
+    python benchmarks/overhead_bound.py [--processes 6] [--rounds 40] [--parts]
 """
 from __future__ import annotations
 
@@ -79,20 +84,65 @@ def bound_variant(mod: Any) -> Callable[..., Dict[str, Callable]]:
     return extra
 
 
+PARTS = tuple("-" + part for part in overhead.PARTS) + ("-flush",)
+
+
+def parts_variants(extra: Callable[..., Dict[str, Callable]]) -> Callable[..., Dict[str, Callable]]:
+    """``extra`` and, beside it, the trainkit loop less each part (:data:`PARTS`), each variant
+    with its own patched optimizer on the shared model."""
+    import collections
+    import importlib
+
+    sessions = importlib.import_module("trainkit.session")
+
+    def more(model: torch.nn.Module, crit: Any, batches: List) -> Dict[str, Callable]:
+        out = extra(model, crit, batches)
+        s = sessions._active
+        for part in overhead.PARTS:
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            loop = overhead.trainkit_parts(opt, batches, s, (part,))
+
+            def less(loop: Callable = loop, opt: Any = opt) -> None:
+                loop(model, opt, crit)
+                s.flush()
+
+            out["-" + part] = less
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        loop = overhead.trainkit_parts(opt, batches, s, ())
+
+        def unflushed() -> None:  # the records made and kept, then dropped: no writer's work
+            kept = s._buf
+            s._buf = collections.deque()
+            try:
+                loop(model, opt, crit)
+            finally:
+                s._buf = kept
+
+        out["-flush"] = unflushed
+        return out
+
+    return more
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--processes", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--parts", action="store_true",
+                    help="also the trainkit loop less each of its parts, in the same rounds")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)  # its seed
     args = ap.parse_args()
     torch.set_num_threads(1)
+    names = VARIANTS + (PARTS if args.parts else ())
     if args.child is not None:
         with tempfile.TemporaryDirectory(prefix="overhead-bound-") as d:
             extra = bound_variant(build(d))
+            if args.parts:
+                extra = parts_variants(extra)
             per_step = overhead.run_rounds("a", args.steps, args.rounds, args.child, "cpu",
-                                           extra=extra, only=VARIANTS)
+                                           extra=extra, only=names)
         print(json.dumps(per_step))
         return
     print(f"torch {torch.__version__}, 1 thread, {time.strftime('%Y-%m-%d')}, "
@@ -100,19 +150,23 @@ def main() -> None:
     runs = []
     for i in range(args.processes):
         out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", str(i),
-                              "--rounds", str(args.rounds), "--steps", str(args.steps)],
+                              "--rounds", str(args.rounds), "--steps", str(args.steps)]
+                             + (["--parts"] if args.parts else []),
                              check=True, capture_output=True, text=True).stdout
         runs.append(json.loads(out.strip().splitlines()[-1]))
-    per_step = {n: np.array([v for run in runs for v in run[n]]) for n in VARIANTS}
+    per_step = {n: np.array([v for run in runs for v in run[n]]) for n in names}
     print(f"\n(a: MLP 784-64-10, batch 32, cpu) median plain step "
           f"{np.median(per_step['plain']):.3f} ms, {args.processes} processes x {args.rounds} "
           f"rounds x {args.steps} steps")
-    for num, den in [(n, "plain") for n in VARIANTS[1:]] + [("trainkit", "bound")]:
+    pairs = [(n, "plain") for n in VARIANTS[1:]] + [("trainkit", "bound")]
+    pairs += [(n, "plain") for n in (PARTS if args.parts else ())]
+    for num, den in pairs:
         ratios = per_step[num] / per_step[den]
         lo, hi = overhead.bootstrap_ci(ratios)
         each = " ".join(f"{np.median(np.array(run[num]) / np.array(run[den])):.3f}"
                         for run in runs)
-        print(f"  {num:11s} / {den:5s} = {np.median(ratios):.3f}x  (95% CI {lo:.3f}-{hi:.3f})"
+        print(f"  {('trainkit ' + num) if num in PARTS else num:17s} / {den:5s} = "
+              f"{np.median(ratios):.3f}x  (95% CI {lo:.3f}-{hi:.3f})"
               f"   per process: {each}")
 
 
