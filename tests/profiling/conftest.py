@@ -121,6 +121,17 @@ def gan_run(logdir: str, *, critic_dtype: Any = None, fused: Optional[bool] = No
     return json.loads(load_run(logdir, logdir).meta[META_OPTIMIZERS])
 
 
+def next_second() -> None:
+    """Event files are named by the second they start in (then host, pid and a per-process
+    count, compared as text): two sessions of one process in one second may sort either way."""
+    time.sleep(1.01 - time.time() % 1)
+
+
+def event_files(folder: Any) -> List[str]:
+    """The event files' names in ``folder``, in TensorBoard's order (by name)."""
+    return sorted(f for f in os.listdir(folder) if "tfevents" in f)
+
+
 def fixture_run(tmp_path: Any, *names: str) -> str:
     """A run folder holding copies of the named trace fixtures."""
     run = tmp_path / "run"

@@ -21,23 +21,13 @@ from trainkit.profiling.cli import main
 from trainkit.sinks.tbplugin.data import TabData
 from trainkit.sinks.tensorboard import EventFileWriter
 
-from .conftest import FIXTURES, train
+from .conftest import FIXTURES, event_files, next_second, train
 
 PROFILE = tk.ProfileSchedule(wait=1, warmup=1, active=2)
 
 
 def codes(findings):
     return [f.code for f in findings]
-
-
-def next_second():
-    """Event files are named by the second they start in (then host, pid and a per-process
-    count, compared as text): two sessions of one process in one second may sort either way."""
-    time.sleep(1.01 - time.time() % 1)
-
-
-def event_files(folder):
-    return sorted(f for f in os.listdir(folder) if "tfevents" in f)
 
 
 def traces(folder):

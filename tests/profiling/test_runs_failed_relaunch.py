@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 
 import pytest
 
@@ -28,22 +27,12 @@ from trainkit.profiling.analyze import analyze_run
 from trainkit.profiling.cli import main
 from trainkit.sinks.tbplugin.data import TabData
 
-from .conftest import SleepyDataset, dominated_run
+from .conftest import SleepyDataset, dominated_run, event_files, next_second
 
 STEP_TIME = "trainkit/step_time_ms"
 UPDATE_MS = "trainkit/update_ms"
 DATA_WAIT = "trainkit/data_wait_ms"
 FORWARD = "trainkit/region/forward_ms"
-
-
-def next_second():
-    """Event files are named by the second they start in: two sessions of one process in one
-    second may sort either way (see test_run_folder.py)."""
-    time.sleep(1.01 - time.time() % 1)
-
-
-def event_files(folder):
-    return sorted(f for f in os.listdir(folder) if "tfevents" in f)
 
 
 def trace_names(folder):

@@ -29,6 +29,8 @@ from trainkit.profiling.analyze import analyze_run
 from trainkit.profiling.cli import main
 from trainkit.sinks.system import CPU_PERCENT, PEAK_MB, RSS_MB
 
+from .conftest import event_files
+
 STEP_TIME = "trainkit/step_time_ms"
 UPDATE_MS = "trainkit/update_ms"
 SYSTEM = (CPU_PERCENT, RSS_MB, PEAK_MB)
@@ -60,10 +62,6 @@ def relaunch(logdir, **kw):
     with pytest.raises(RuntimeError, match="planted") if kw.get("crash") \
             else contextlib.nullcontext():
         session(logdir, **kw)
-
-
-def event_files(folder):
-    return sorted(f for f in os.listdir(folder) if "tfevents" in f)
 
 
 def steps_of(points):

@@ -19,6 +19,8 @@ from trainkit.profiling import runs
 from trainkit.profiling.analyze import analyze_run
 from trainkit.profiling.cli import main
 
+from .conftest import event_files
+
 STEP_TIME = "trainkit/step_time_ms"
 
 
@@ -39,10 +41,6 @@ def session(logdir, *, steps, crash=False):
                 opt.step()
             if crash:
                 raise RuntimeError("CUDA out of memory (planted)")
-
-
-def event_files(folder):
-    return sorted(f for f in os.listdir(folder) if "tfevents" in f)
 
 
 def codes(findings):

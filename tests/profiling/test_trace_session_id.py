@@ -21,7 +21,6 @@ import json
 import os
 import re
 import struct
-import time
 
 import pytest
 
@@ -33,21 +32,11 @@ from trainkit.profiling.tracefiles import TraceError, read_trace, read_trace_hea
 from trainkit.profiling.tracestats import SESSION_FILE, TRACE_META, recorded_session
 from trainkit.sinks.tensorboard import masked_crc32c
 
-from .conftest import train
+from .conftest import event_files, next_second, train
 
 PROFILE = tk.ProfileSchedule(wait=1, warmup=1, active=2)
 #: wait 1, warm up 1, record 3, four times: a fresh session's steps 3-5, 8-10, 13-15, 18-20
 EVERY_5 = tk.ProfileSchedule(wait=1, warmup=1, active=3, repeat=4)
-
-
-def next_second():
-    """Event files are named by the second they start in: two sessions of one process in one
-    second may sort either way (see test_run_folder.py)."""
-    time.sleep(1.01 - time.time() % 1)
-
-
-def event_files(folder):
-    return sorted(f for f in os.listdir(folder) if "tfevents" in f)
 
 
 def trace_paths(folder):
