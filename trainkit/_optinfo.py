@@ -20,7 +20,7 @@ scratch twin built fused, stepped once) and the answer kept (``fused_ok``).
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from .patch import _patched, optimizer_patch
 
@@ -124,29 +124,11 @@ def _fused_twin_steps(opt: Any) -> bool:
     what the advice writes, an optimizer fused from its constructor on, whose state torch makes
     fused. Nothing of ``opt`` is written; no random numbers are drawn (Adam, AdamW, SGD, Adagrad
     draw none)."""
-    import inspect
-
     import torch
 
     from .techniques import fused
 
-    cls = fused._torch_class(type(opt))
-    accepts = inspect.signature(cls.__init__).parameters
-    any_kw = any(a.kind is inspect.Parameter.VAR_KEYWORD for a in accepts.values())
-    kwargs = {k: v for k, v in opt.defaults.items() if k != "params" and (any_kw or k in accepts)}
-    kwargs["fused"] = True
-    if kwargs.get("foreach"):  # (the two cannot both be True: fused=True replaces it)
-        kwargs["foreach"] = False
-    groups: List[Dict[str, Any]] = []
-    for g in opt.param_groups:
-        twins = {(p.device, p.dtype): torch.zeros(1, device=p.device, dtype=p.dtype)
-                 for p in g["params"]}
-        if twins:
-            group = {k: v for k, v in g.items() if k != "params"}
-            group["fused"] = True
-            if group.get("foreach"):
-                group["foreach"] = False
-            groups.append({**group, "params": list(twins.values())})
+    cls, kwargs, groups, _ = fused._twin_args(opt, fused=True)
     if not groups:
         return True  # nothing to ask
     try:

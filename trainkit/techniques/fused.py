@@ -76,27 +76,10 @@ def _accepted(opt: Any) -> bool:
     """
     import torch
 
-    cls = _torch_class(type(opt))
     try:
-        accepts = inspect.signature(cls.__init__).parameters
-    except (TypeError, ValueError):
+        cls, kwargs, groups, stateful = _twin_args(opt)
+    except (TypeError, ValueError):  # a constructor whose signature cannot be read
         return False
-    any_kw = any(a.kind is inspect.Parameter.VAR_KEYWORD for a in accepts.values())
-    kwargs = {k: v for k, v in opt.defaults.items()
-              if k != "params" and (any_kw or k in accepts)}
-    groups: List[Dict[str, Any]] = []
-    stateful: Dict[int, Any] = {}  # twin parameters whose (group, device, dtype) has state in opt
-    for g in opt.param_groups:
-        twins: Dict[Tuple[Any, Any], Any] = {}
-        for p in g["params"]:
-            key = (p.device, p.dtype)
-            if key not in twins:
-                twins[key] = torch.zeros(1, device=p.device, dtype=p.dtype)
-            if opt.state.get(p):
-                stateful[id(twins[key])] = twins[key]
-        if twins:  # group options as they are, unknown keys too (add_param_group keeps them)
-            groups.append({**{k: v for k, v in g.items() if k != "params"},
-                           "params": list(twins.values())})
     if not groups:
         return True  # nothing to ask: torch checks the parameters added later at its step
     try:
@@ -115,6 +98,43 @@ def _accepted(opt: Any) -> bool:
     except Exception:  # noqa: BLE001 - what the step raises on opt: torch's "no"
         return False
     return True
+
+
+def _twin_args(opt: Any, *, fused: bool = False) -> Tuple[type, Dict[str, Any],
+                                                          List[Dict[str, Any]], Dict[int, Any]]:
+    """What a scratch twin of ``opt`` is built from: the torch.optim class its step runs
+    (:func:`_torch_class`, whose constructor may take other arguments than a user's subclass),
+    the options of ``opt.defaults`` that constructor takes, and for each of ``opt``'s groups its
+    options (unknown keys too: ``add_param_group`` keeps them) with one 1-element zero parameter
+    per (device, dtype) of its parameters; and those twin parameters, by id, whose (group,
+    device, dtype) has state in ``opt``. ``fused``: the options and groups ask ``fused=True``
+    (``foreach`` off), as a constructor written that way does. Raises TypeError or ValueError
+    where the constructor's signature cannot be read."""
+    import torch
+
+    cls = _torch_class(type(opt))
+    accepts = inspect.signature(cls.__init__).parameters
+    any_kw = any(a.kind is inspect.Parameter.VAR_KEYWORD for a in accepts.values())
+    kwargs = {k: v for k, v in opt.defaults.items() if k != "params" and (any_kw or k in accepts)}
+    groups: List[Dict[str, Any]] = []
+    stateful: Dict[int, Any] = {}
+    for g in opt.param_groups:
+        twins: Dict[Tuple[Any, Any], Any] = {}
+        for p in g["params"]:
+            key = (p.device, p.dtype)
+            if key not in twins:
+                twins[key] = torch.zeros(1, device=p.device, dtype=p.dtype)
+            if opt.state.get(p):
+                stateful[id(twins[key])] = twins[key]
+        if twins:
+            groups.append({**{k: v for k, v in g.items() if k != "params"},
+                           "params": list(twins.values())})
+    if fused:
+        for options in (kwargs, *groups):
+            options["fused"] = True
+            if options.get("foreach"):  # (the two cannot both be True)
+                options["foreach"] = False
+    return cls, kwargs, groups, stateful
 
 
 def _unhooked_step(opt: Any) -> Callable[[], Any]:
