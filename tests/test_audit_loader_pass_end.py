@@ -71,3 +71,73 @@ def test_the_end_of_a_pass_is_data_wait_where_batches_are_steps(tmp_path):
     assert sorted(times) == sorted(waits) == list(range(1, 7))
     assert times[4] >= END * 1e3 and waits[4] >= END * 1e3
     assert times[4] - waits[4] < END * 1e3 / 2
+
+
+def _step_window(model, x, y):
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+
+
+def test_a_pass_end_before_the_partial_window_tk_accumulate_steps_at_its_exit(tmp_path):
+    # A per-epoch accumulate block: its exit steps the last, shorter window after the pass's
+    # end, in that window's step, which no next pass begins in (the pass end was dropped).
+    model = mlp()
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    train = tk.patch(_SlowEnd(_batches()))
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        for _ in range(2):
+            with tk.accumulate(2, opt):
+                for x, y in train:
+                    _step_window(model, x, y)
+                    opt.step()
+                    opt.zero_grad()
+    got = scalars(tmp_path)
+    times, waits = dict(got["trainkit/step_time_ms"]), dict(got["trainkit/data_wait_ms"])
+    assert sorted(times) == sorted(waits) == [1, 2, 3, 4]
+    for st in (2, 4):  # each epoch's partial window, stepped at the block's exit; the last too
+        assert times[st] >= END * 1e3 and waits[st] >= END * 1e3
+        assert times[st] - waits[st] < END * 1e3 / 2
+    assert all(waits[st] < END * 1e3 / 2 for st in (1, 3))
+
+
+def test_a_pass_end_before_a_partial_window_stepped_by_hand_after_the_loop(tmp_path):
+    model = mlp()
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    train = tk.patch(_SlowEnd(_batches()))
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        for _ in range(2):
+            i = -1
+            for i, (x, y) in enumerate(train):
+                _step_window(model, x, y)
+                if (i + 1) % 2 == 0:
+                    opt.step()
+                    opt.zero_grad()
+            if (i + 1) % 2:  # the last, shorter window
+                opt.step()
+                opt.zero_grad()
+    waits = dict(scalars(tmp_path)["trainkit/data_wait_ms"])
+    assert sorted(waits) == [1, 2, 3, 4]
+    assert waits[2] >= END * 1e3 and waits[4] >= END * 1e3
+    assert waits[1] < END * 1e3 / 2 and waits[3] < END * 1e3 / 2
+
+
+def test_the_end_of_a_validation_pass_inside_the_training_loop_is_that_steps_wait(tmp_path):
+    model = mlp()
+    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    train = tk.patch(_batches(4))
+    val = tk.patch(_SlowEnd(_batches(2)))
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        for i, (x, y) in enumerate(train):
+            _step_window(model, x, y)
+            opt.step()
+            opt.zero_grad()
+            if i == 1:  # step 2's validation, inside the loop's body, after its update
+                with torch.no_grad():
+                    for vx, _vy in val:
+                        model(vx)
+    got = scalars(tmp_path)
+    times, waits = dict(got["trainkit/step_time_ms"]), dict(got["trainkit/data_wait_ms"])
+    assert sorted(waits) == [1, 2, 3, 4]
+    # after step 2's update: in step 3's wall time, as its validation batches' waits are
+    assert times[3] >= END * 1e3 and waits[3] >= END * 1e3
+    assert times[3] - waits[3] < END * 1e3 / 2
+    assert all(waits[st] < END * 1e3 / 2 for st in (1, 2, 4))

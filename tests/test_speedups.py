@@ -25,7 +25,7 @@ import pytest
 
 from trainkit import recorder
 from trainkit.recorder import (BATCH_REC, DATA_WAIT, H2D_BYTES, H2D_MS, H2D_PINNED_BYTES,
-                               STEP_REC, Recorder)
+                               PASS_END_WAIT, STEP_REC, Recorder)
 
 fast = recorder._fast
 needs_c = pytest.mark.skipif(fast is None, reason="trainkit._speedups is not built here "
@@ -92,6 +92,8 @@ def make_script(seed: int) -> List[Tuple[str, Any]]:
                     script.append(("rec", (H2D_PINNED_BYTES, step, float(1 << 19))))
             if rng.random() < 0.05:
                 script.append(("rec", (DATA_WAIT, step, rng.uniform(0, 1))))
+        if rng.random() < 0.1:  # a pass's end, in the step in progress (counted or not)
+            script.append(("rec", (PASS_END_WAIT, step, rng.uniform(0, 50))))
         if rng.random() < 0.1:
             ahead = step + rng.choice([1, 9, 50, 500])
             script.append(("rec", ("reward", ahead, _value(rng))))
@@ -106,6 +108,8 @@ def make_script(seed: int) -> List[Tuple[str, Any]]:
         script.append(("done", None))
         if rng.random() < 0.3:
             script.append(("flush", (False, rng.choice([0, 1]))))
+    if rng.random() < 0.5:  # the last pass's end, after the last step: never counted
+        script.append(("rec", (PASS_END_WAIT, step, 30.0)))
     script.append(("flush", (True, 0)))
     return script
 
@@ -163,6 +167,20 @@ def test_c_and_python_write_the_same_bytes(tmp_path, monkeypatch, seed):
         c = run_script(str(tmp_path / "c"), script, True, monkeypatch)
     assert len(py) > 0
     assert c == py
+
+
+@pytest.mark.parametrize("use_c", [pytest.param(True, marks=needs_c), False])
+def test_a_pass_end_is_data_wait_of_a_counted_step_and_no_point_of_one_never_counted(
+        tmp_path, monkeypatch, use_c):
+    from tests.conftest import scalars
+
+    script = [("rec", (BATCH_REC, 1, 0.0, 0.001, 32)), ("rec", (PASS_END_WAIT, 1, 40.0)),
+              ("rec", (STEP_REC, 1, 0.05, 0.06, 0.0)), ("done", None),
+              ("rec", (PASS_END_WAIT, 2, 30.0)), ("flush", (True, 0))]
+    run_script(str(tmp_path), script, use_c, monkeypatch)
+    got = scalars(str(tmp_path))
+    assert got["trainkit/data_wait_ms"] == [(1, pytest.approx(41.0))]
+    assert [st for st, _ in got["trainkit/step_time_ms"]] == [1]
 
 
 class _quiet:

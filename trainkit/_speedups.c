@@ -38,7 +38,8 @@
 
 /* ---- what recorder.py hands over once (setup) ------------------------------------------- */
 static PyObject *STEP_REC, *BATCH_REC, *UPDATE_MS, *STEP_END, *STEP_TIME, *DATA_WAIT, *ITEMS,
-    *SAMPLES_PER_S, *H2D_BYTES, *H2D_PINNED_BYTES;
+    *SAMPLES_PER_S, *H2D_BYTES, *H2D_PINNED_BYTES, *PASS_END_WAIT;
+static PyObject *take_pass_end_py; /* _steps.take_pass_end(tags, counted) */
 static PyObject *combine_step_py; /* _steps.combine_step(tags, final) */
 static PyObject *derive_py;       /* _steps.derive(values) */
 static PyObject *prefix_py;       /* sinks.tensorboard._prefix(tag) */
@@ -53,8 +54,10 @@ static PyObject *setup(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *tags, *funcs;
     if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &tags, &PyTuple_Type, &funcs)) return NULL;
     PyObject **slots[] = {&STEP_REC, &BATCH_REC, &UPDATE_MS, &STEP_END, &STEP_TIME, &DATA_WAIT,
-                          &ITEMS, &SAMPLES_PER_S, &H2D_BYTES, &H2D_PINNED_BYTES};
-    PyObject **fslots[] = {&combine_step_py, &derive_py, &prefix_py, &prefix_cache, &behind};
+                          &ITEMS, &SAMPLES_PER_S, &H2D_BYTES, &H2D_PINNED_BYTES,
+                          &PASS_END_WAIT};
+    PyObject **fslots[] = {&combine_step_py, &derive_py, &prefix_py, &prefix_cache, &behind,
+                           &take_pass_end_py};
     Py_ssize_t nt = sizeof(slots) / sizeof(*slots), nf = sizeof(fslots) / sizeof(*fslots);
     if (PyTuple_GET_SIZE(tags) != nt || PyTuple_GET_SIZE(funcs) != nf) {
         PyErr_Format(PyExc_ValueError, "setup(): expected %zd tags and %zd functions", nt, nf);

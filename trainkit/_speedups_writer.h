@@ -94,6 +94,25 @@ static int do_write_steps(PyObject *opened, PyObject *completed, int final, Ctx 
             rc = -1;
             break;
         }
+        /* a pass's end waited in this step: its data wait if the step was counted (always so
+           before the final flush, which writes the step in progress too), else no point */
+        int ended = PyDict_Contains(tags, PASS_END_WAIT);
+        if (ended > 0) {
+            int counted = final ? PyObject_RichCompareBool(step, completed, Py_LE) : 1;
+            PyObject *left = counted < 0 ? NULL : PyObject_CallFunctionObjArgs(
+                take_pass_end_py, tags, counted ? Py_True : Py_False, NULL);
+            ended = left ? PyObject_IsTrue(left) : -1;
+            Py_XDECREF(left);
+            if (ended == 0) { /* nothing else in the step */
+                Py_DECREF(tags);
+                continue;
+            }
+        }
+        if (ended < 0) {
+            Py_DECREF(tags);
+            rc = -1;
+            break;
+        }
         PyObject *combined;
         if (PyDict_CheckExact(tags) && all_floats(tags)) {
             Py_INCREF(tags);

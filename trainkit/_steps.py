@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional
 
 from ._tags import (AMP_SCALE, AMP_SKIPPED, CLOSURE_MS, COMPILE_RECOMPILES, COMPILE_SECONDS,
                     DATA_WAIT, GC_FULL, GC_MS, H2D_BYTES, H2D_GBPS, H2D_MS, H2D_PINNED_BYTES,
-                    H2D_PINNED_PCT, ITEMS, PASSES, REGION, SAMPLES_PER_S, STEP_END, STEP_TIME,
+                    H2D_PINNED_PCT, ITEMS, PASS_END_WAIT, PASSES, REGION, SAMPLES_PER_S, STEP_END, STEP_TIME,
                     UPDATE_MS)
 
 # Time spent and counts add up over a step (several micro-batches, several copies, the several
@@ -64,6 +64,20 @@ def add_value(tags: Dict[str, Any], tag: str, value: Any) -> None:
         values.append(value)
     else:
         tags[tag] = [values, value]
+
+
+def take_pass_end(tags: Dict[str, Any], counted: bool) -> bool:
+    """Turn the step's pass-end waits (:data:`~trainkit._tags.PASS_END_WAIT`) into its data wait
+    if the step was ``counted`` (its end came after them), else drop them (a step the run never
+    finished: the wait ending the last pass). Returns whether the step still holds anything."""
+    waits = tags.pop(PASS_END_WAIT)
+    if counted:
+        for wait in (waits if waits.__class__ is list else (waits,)):
+            if DATA_WAIT in tags:
+                add_value(tags, DATA_WAIT, wait)
+            else:
+                tags[DATA_WAIT] = wait
+    return bool(tags)
 
 
 def combine_step(tags: Dict[str, Any], final: bool) -> Optional[Dict[str, float]]:

@@ -28,6 +28,12 @@ ITEMS = "\0items"
 H2D_BYTES = "\0h2d_bytes"
 H2D_PINNED_BYTES = "\0h2d_pinned_bytes"
 STEP_END = "\0t"
+#: the wait of the ``next()`` that ended a patched loader's pass (StopIteration: a DataLoader
+#: without ``persistent_workers`` joins its workers there), in ms, under the step in progress:
+#: written as that step's data wait once the step is counted, dropped if it never is (the last
+#: pass's end, after the run's last step: no point at N + 1). The writer decides, at the step's
+#: write (:func:`trainkit._steps.take_pass_end`), as the step's end comes after the record.
+PASS_END_WAIT = "\0pass_end"
 
 
 # Compound records, one per event on the hot path, taken apart by the writer:

@@ -16,7 +16,7 @@ from ._loaderinfo import begin_pass
 from .patch import _patched, stepped_elsewhere
 from .profiling import regions
 from .profiling.regions import record_function
-from .recorder import BATCH_REC, GC_FULL, GC_MS
+from .recorder import BATCH_REC, GC_FULL, GC_MS, PASS_END_WAIT
 
 # The session module itself (``trainkit.session`` the attribute is the function ``tk.session``).
 _S = importlib.import_module(__package__ + ".session")
@@ -66,11 +66,6 @@ class PatchedLoader:
         outer = None
         if s is not None:
             outer = (s, s._batch_step, s.step)
-            ended = s._pass_end
-            if ended is not None:
-                s._pass_end = None
-                if ended[0] == s.step:  # the last pass's end, in this step's wall time
-                    s._buf.append((BATCH_REC, ended[0], ended[1], ended[2], None))
             begin_pass(s, self)  # a DataLoader's settings (once a session), and this pass
         # The first wait holds iter(): a DataLoader with workers starts them there, each epoch
         # without persistent_workers; the loop waits for that before its first batch.
@@ -106,9 +101,10 @@ class PatchedLoader:
                     if isinstance(exc, StopIteration):
                         # The last next() waited too (a DataLoader without persistent_workers
                         # joins its workers there): data wait of the step in progress, whose
-                        # wall time holds it. Written when a pass begins in that step (the next
-                        # epoch's); after the last pass no step follows, nor a point at N + 1.
-                        s._pass_end = (s.step, t0, now())
+                        # wall time holds it, once that step is counted (the next epoch's first,
+                        # a partial window stepped after the loop); the writer drops it if the
+                        # step never is (after the last pass: no point at N + 1).
+                        s._buf.append((PASS_END_WAIT, s.step, (now() - t0) * 1e3))
                 if isinstance(exc, StopIteration):
                     return
                 raise

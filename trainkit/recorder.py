@@ -19,16 +19,17 @@ from . import _env, _unstepped, timing
 from .sinks import tensorboard as _tb
 from .sinks.tensorboard import EventFileWriter
 from ._runfile import META_VERSIONS, versions, warn_lost
-from ._steps import add_value as _add, combine_step as _combine_step, derive
+from ._steps import add_value as _add, combine_step as _combine_step, derive, take_pass_end
 # The record format lives in trainkit._tags; everything that records imports it from here.
 from ._tags import (AMP_SCALE, AMP_SKIPPED, BATCH_REC, CLOSURE_MS, COMPILE_RECOMPILES,
                     COMPILE_SECONDS, DATA_WAIT, GC_FULL, GC_MS, H2D_BYTES, H2D_GBPS, H2D_MS,
-                    H2D_PINNED_BYTES, H2D_PINNED_PCT, ITEMS, OWN_TAGS, PREFIX, REGION,
-                    SAMPLES_PER_S, STEP_END, STEP_REC, STEP_TIME, UPDATE_MS)
+                    H2D_PINNED_BYTES, H2D_PINNED_PCT, ITEMS, OWN_TAGS, PASS_END_WAIT, PREFIX,
+                    REGION, SAMPLES_PER_S, STEP_END, STEP_REC, STEP_TIME, UPDATE_MS)
 
 __all__ = ["Recorder", "AMP_SCALE", "AMP_SKIPPED", "BATCH_REC", "CLOSURE_MS", "COMPILE_RECOMPILES",
            "COMPILE_SECONDS", "DATA_WAIT", "GC_FULL", "GC_MS", "H2D_BYTES", "H2D_GBPS", "H2D_MS",
-           "H2D_PINNED_BYTES", "H2D_PINNED_PCT", "ITEMS", "OWN_TAGS", "PREFIX", "REGION",
+           "H2D_PINNED_BYTES", "H2D_PINNED_PCT", "ITEMS", "OWN_TAGS", "PASS_END_WAIT", "PREFIX",
+           "REGION",
            "SAMPLES_PER_S", "STEP_END", "STEP_REC", "STEP_TIME", "UPDATE_MS"]
 
 
@@ -250,6 +251,8 @@ class Recorder:
             tags = opened.pop(step, None)
             if tags is None:
                 continue
+            if PASS_END_WAIT in tags and not take_pass_end(tags, step <= completed):
+                continue  # the wait ending the last pass, in a step never counted: no point
             combined = _combine_step(tags, final)
             if combined is None:
                 opened[step] = tags
@@ -387,8 +390,9 @@ def _load_speedups() -> Any:
     except ImportError:
         return None
     _speedups.setup((STEP_REC, BATCH_REC, UPDATE_MS, STEP_END, STEP_TIME, DATA_WAIT, ITEMS,
-                     SAMPLES_PER_S, H2D_BYTES, H2D_PINNED_BYTES),
-                    (_combine_step, derive, _tb._prefix, _tb._value_prefix, _BEHIND))
+                     SAMPLES_PER_S, H2D_BYTES, H2D_PINNED_BYTES, PASS_END_WAIT),
+                    (_combine_step, derive, _tb._prefix, _tb._value_prefix, _BEHIND,
+                     take_pass_end))
     return _speedups
 
 

@@ -105,9 +105,6 @@ class Session(StepCounter):
         self._batches_are_steps = False
         #: the step of the batch last handed out, counted as a step, has not ended yet
         self._batch_pending = False
-        #: ``(step, start, end)`` of the wait that ended a patched loader's last pass (its
-        #: StopIteration), recorded as that step's data wait if a pass begins in it (loader.py)
-        self._pass_end: Any = None
         self._last_step_end: Any = None  # perf_counter float, or a CUDA event on a GPU
         #: host time (perf_counter) of the last step's end, for regions where it is a CUDA event
         self._last_step_host: Optional[float] = None
