@@ -19,6 +19,7 @@ import random
 import shutil
 import subprocess
 import sys
+import threading
 from typing import Any, List, Tuple
 
 import pytest
@@ -283,8 +284,9 @@ def test_the_c_regions_refuse_keyword_arguments(make):
     from trainkit.profiling import regions
 
     regions.load_flags()
-    args = {"RegionEnter": ([], timing.now, regions._TAP, regions._TC, regions._Region("r")),
-            "RegionExit": ("t", [], None, vars(timing), vars(regions))}[make]
+    args = {"RegionEnter": ([], timing.now, regions._TAP, regions._TC, regions._Region("r"),
+                            threading.get_ident()),
+            "RegionExit": ("t", [], None, vars(timing), vars(regions), threading.get_ident())}[make]
     getattr(fast, make)(*args)  # as trainkit makes them
     with pytest.raises(TypeError, match="no keyword arguments"):
         getattr(fast, make)(*args, extra=1)

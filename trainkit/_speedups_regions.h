@@ -4,7 +4,10 @@
 /* ---- profile_region's fast entry and exit (profiling/regions.py: _fast_region) -------------
    One pair per region name, put on the name's own class as __enter__ and __exit__: neither
    binds to the instance (no __get__), so `with` calls them with no instance, and
-   type(cm).__enter__(cm) (contextlib.ExitStack) with it, which both take. */
+   type(cm).__enter__(cm) (contextlib.ExitStack) with it, which both take.
+   The stack `starts` is the owner's (the thread that made the name's region): any other thread
+   is handed to the full region, which keeps one stack per thread, so that two threads' entries
+   of a name are timed each on their own; the owner pays one compare of thread idents. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall; /* `with` calls it with no arguments tuple (tp_call would make one) */
@@ -13,6 +16,7 @@ typedef struct {
     PyObject *tap;    /* regions._TAP: `_is_profiler_enabled` */
     PyObject *tc;     /* regions._TC (torch.cuda): `_initialized` */
     PyObject *full;   /* the name's _Region, which enters while either is true */
+    unsigned long owner; /* the thread whose entries go on `starts` (the full region's _owner) */
 } RegionEnter;
 
 /* "_is_profiler_enabled" (FastStep's too), "_initialized", "__enter__" */
@@ -32,12 +36,13 @@ static PyObject *enter_vectorcall(PyObject *callable, PyObject *const *args, siz
 
 static PyObject *enter_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *starts, *now, *tap, *tc, *full;
+    unsigned long owner;
     if (kw && PyDict_GET_SIZE(kw)) {
         PyErr_SetString(PyExc_TypeError, "RegionEnter() takes no keyword arguments");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "O!OOOO:RegionEnter", &PyList_Type, &starts, &now, &tap, &tc,
-                          &full))
+    if (!PyArg_ParseTuple(args, "O!OOOOk:RegionEnter", &PyList_Type, &starts, &now, &tap, &tc,
+                          &full, &owner))
         return NULL;
     RegionEnter *self = (RegionEnter *)type->tp_alloc(type, 0);
     if (!self) return NULL;
@@ -49,6 +54,7 @@ static PyObject *enter_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     self->tap = tap;
     self->tc = tc;
     self->full = full;
+    self->owner = owner;
     return (PyObject *)self;
 }
 
@@ -59,6 +65,9 @@ static PyObject *enter_vectorcall(PyObject *callable, PyObject *const *Py_UNUSED
         PyErr_SetString(PyExc_TypeError, "profile_region.__enter__() takes no arguments");
         return NULL;
     }
+    /* Another thread than the owner: its own stack, in the full region */
+    if (PyThread_get_thread_ident() != self->owner)
+        return PyObject_CallMethodNoArgs(self->full, s_enter);
     /* A region kept from before a profiler started (or CUDA did), `fwd = profile_region("x")`
        then `with fwd:` each step: its full region enters, with the trace's range (and events) */
     int on = attr_true(self->tap, s_prof_on);
@@ -81,8 +90,9 @@ static PyTypeObject RegionEnterType = {
     .tp_call = PyVectorcall_Call,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_new = enter_new,
-    .tp_doc = "RegionEnter(starts, now, tap, tc, full): push now() on starts, or enter full "
-              "while a profiler records or CUDA is initialised.",
+    .tp_doc = "RegionEnter(starts, now, tap, tc, full, owner): push now() on starts, or enter "
+              "full while a profiler records or CUDA is initialised, or in a thread other than "
+              "owner (a thread ident).",
 };
 
 typedef struct {
@@ -93,6 +103,7 @@ typedef struct {
     PyObject *full;   /* the name's _Region: its __exit__ ends what it began */
     PyObject *timing; /* trainkit.timing's __dict__ ("now", as _Region.__exit__ reads it) */
     PyObject *smod;   /* trainkit.session's __dict__ ("_active": the session in progress) */
+    unsigned long owner; /* the thread whose entries are on `starts`; others' are full's */
 } RegionExit;
 
 static PyObject *s_now, *s_active, *s_last_end, *s_last_host, *s_buf, *s_append,
@@ -112,12 +123,13 @@ static PyObject *exit_vectorcall(PyObject *callable, PyObject *const *args, size
 
 static PyObject *exit_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *tag, *starts, *full, *timing, *smod;
+    unsigned long owner;
     if (kw && PyDict_GET_SIZE(kw)) {
         PyErr_SetString(PyExc_TypeError, "RegionExit() takes no keyword arguments");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "UO!OO!O!:RegionExit", &tag, &PyList_Type, &starts, &full,
-                          &PyDict_Type, &timing, &PyDict_Type, &smod))
+    if (!PyArg_ParseTuple(args, "UO!OO!O!k:RegionExit", &tag, &PyList_Type, &starts, &full,
+                          &PyDict_Type, &timing, &PyDict_Type, &smod, &owner))
         return NULL;
     RegionExit *self = (RegionExit *)type->tp_alloc(type, 0);
     if (!self) return NULL;
@@ -129,6 +141,7 @@ static PyObject *exit_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     self->full = full;
     self->timing = timing;
     self->smod = smod;
+    self->owner = owner;
     return (PyObject *)self;
 }
 
@@ -148,6 +161,9 @@ static PyObject *exit_vectorcall(PyObject *callable, PyObject *const *args, size
         return NULL;
     }
     Py_ssize_t off = n - 3; /* called through the type (ExitStack): the instance comes first */
+    if (PyThread_get_thread_ident() != self->owner) /* entered on its own stack, in full */
+        return PyObject_CallMethodObjArgs(self->full, s_exit, args[off], args[off + 1],
+                                          args[off + 2], NULL);
     PyObject *now = dict_item(self->timing, s_now);
     if (!now) return NULL;
     PyObject *t1 = PyObject_CallNoArgs(now);
@@ -228,5 +244,6 @@ static PyTypeObject RegionExitType = {
     .tp_call = PyVectorcall_Call,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_new = exit_new,
-    .tp_doc = "RegionExit(tag, starts, full, timing_dict, session_dict): a region's fast exit.",
+    .tp_doc = "RegionExit(tag, starts, full, timing_dict, session_dict, owner): a region's fast "
+              "exit; in a thread other than owner, full's exit.",
 };

@@ -13,6 +13,7 @@ import inspect
 import re
 import sys
 import types
+from threading import get_ident
 from typing import Any, Callable, Dict, List, Optional, TypeVar
 
 from .. import _compiled, recorder as _recorder, timing
@@ -132,19 +133,35 @@ class _Region:
 
     Entries of the same name nest (a stack of start times), and only the outermost records: an
     entry inside an open one of its name (recursion) is in that one's time already, and adding
-    it wrote more time than the wall clock had (60 ms for three nested 10 ms calls). A name
-    entered by several threads at once may mix their times (give each thread its own names).
-    This class opens a ``record_function`` range and records CUDA events as needed; the fast one
-    of a name (:func:`_fast_region`) is used while neither is needed.
+    it wrote more time than the wall clock had (60 ms for three nested 10 ms calls).
+
+    Each thread has its own stack, so a name entered by several threads at once (a pool
+    preparing batches in a decorated function, a prefetch thread) is timed per thread: one
+    record per thread's outermost entry, filed under the step by its own start. The thread that
+    made the region (``_owner``, the first ``profile_region(name)``: the training loop, as a
+    rule) uses ``_starts``, shared with the fast region, whose entry and exit only compare
+    thread idents to know it; any other thread's entries go through this class, on a list of
+    its own in ``_others`` (keyed by thread ident, dropped when its last entry exits). A thread
+    exiting a name it has no open entry of gets the ``IndexError`` of an unmatched exit.
+
+    This class opens a ``record_function`` range (per thread, so ranges stay balanced in each)
+    and records CUDA events as needed; the fast one of a name (:func:`_fast_region`) is used
+    while neither is needed, in the owner thread.
     """
 
-    __slots__ = ("name", "tag", "_starts", "full")
+    __slots__ = ("name", "tag", "_starts", "_owner", "_others", "full")
 
-    def __init__(self, name: str, starts: "Optional[List[Any]]" = None) -> None:
+    def __init__(self, name: str, full: "Optional[_Region]" = None) -> None:
         self.name = name
         self.tag = REGION + name + "_ms"
-        self._starts: List[Any] = [] if starts is None else starts
-        self.full = self
+        if full is None:
+            self._starts: List[Any] = []  # the owner thread's entries
+            self._owner = get_ident()
+            self._others: Dict[int, List[Any]] = {}  # any other thread's, by its ident
+            full = self
+        else:  # the fast region of a name: the same stacks as its full region's
+            self._starts, self._owner, self._others = full._starts, full._owner, full._others
+        self.full = full
 
     def __enter__(self) -> None:
         rf = None
@@ -156,12 +173,21 @@ class _Region:
         s = _S._active
         ev0 = (timing.cuda_event(timing.work_device(s._cuda_device))
                if _TC._initialized and s is not None else None)
-        self._starts.append((timing.now(), ev0, rf))
+        ident = get_ident()
+        starts = self._starts if ident == self._owner else self._others.setdefault(ident, [])
+        starts.append((timing.now(), ev0, rf))
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
         t1 = timing.now()
-        starts = self._starts
-        start = starts.pop()
+        ident = get_ident()
+        if ident == self._owner:
+            starts = self._starts
+            start = starts.pop()
+        else:  # another thread's own stack (none: the IndexError of an unmatched exit)
+            starts = self._others.get(ident, [])
+            start = starts.pop()
+            if not starts:
+                del self._others[ident]
         s = _S._active
         if start.__class__ is float:  # entered by the fast region
             if s is not None and not starts:  # (inside an entry of its name: in its time)
@@ -295,30 +321,32 @@ def _fast_region(name: str) -> _Region:
     as ``contextlib.ExitStack`` does works too). Without the C module, ``__enter__`` is a small
     Python method calling ``map(starts.append, iter(now, None)).__next__`` (a bare builtin there
     would take no instance, which ``ExitStack`` passes) and ``__exit__`` is :class:`_Region`'s.
+    Both are fast in the thread that made the region only (``full._owner``: one compare of
+    thread idents); in any other thread they hand over to the full region, which keeps that
+    thread's entries on a stack of its own.
     Call it after :func:`load_flags` (it keeps the ``_TAP`` and ``_TC`` bound then).
     """
-    starts: List[Any] = []
-    full = _Region(name, starts)  # shares the stack: either one's exit ends either one's entry
+    full = _Region(name)
+    starts, owner = full._starts, full._owner  # either one's exit ends either one's entry
     fast = _recorder._fast
     # Entered while a profiler records or CUDA is initialised, the full region enters: one kept
     # from before either (``fwd = tk.profile_region("x")`` before the loop, ``with fwd:`` in it)
     # timed on the host and left no range in any trace.
     if fast is not None:
-        ns = {"__slots__": (), "__enter__": fast.RegionEnter(starts, timing.now, _TAP, _TC, full),
-              "__exit__": fast.RegionExit(full.tag, starts, full, vars(timing), vars(_S))}
+        ns = {"__slots__": (),
+              "__enter__": fast.RegionEnter(starts, timing.now, _TAP, _TC, full, owner),
+              "__exit__": fast.RegionExit(full.tag, starts, full, vars(timing), vars(_S), owner)}
     else:
         push = map(starts.append, iter(timing.now, None)).__next__
         tap, tc = _TAP, _TC
 
         def __enter__(self: _Region) -> None:
-            if tap._is_profiler_enabled or tc._initialized:
+            if tap._is_profiler_enabled or tc._initialized or get_ident() != owner:
                 return full.__enter__()
             push()
 
         ns = {"__slots__": (), "__enter__": __enter__}
-    r = type(f"profile_region[{name}]", (_Region,), ns)(name, starts)
-    r.full = full
-    return r
+    return type(f"profile_region[{name}]", (_Region,), ns)(name, full)
 
 
 _regions: Dict[str, _Region] = {}  # name -> its fast region, made once
@@ -335,6 +363,11 @@ def profile_region(name: str) -> _Region:
     recursive function's) is in that one's time, and adds nothing. It goes under the step in
     progress, or under the step that ended inside it (a region wrapping ``optimizer.step()``, or
     an epoch).
+
+    Threads entering the same name at once (a pool preparing batches in a decorated function, a
+    prefetch thread beside the loop) are timed each on its own: each thread's outermost entry
+    records its own time, under the step by its own start. The thread that first asks for a name
+    gets its fast entry and exit; another thread's cost a little more (~1 us, a Python call).
 
     Example::
 
