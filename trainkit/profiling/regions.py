@@ -367,7 +367,8 @@ def profile_region(name: str) -> _Region:
     Threads entering the same name at once (a pool preparing batches in a decorated function, a
     prefetch thread beside the loop) are timed each on its own: each thread's outermost entry
     records its own time, under the step by its own start. The thread that first asks for a name
-    gets its fast entry and exit; another thread's cost a little more (~1 us, a Python call).
+    (the loop, as a rule) gets its fast entry and exit; another thread's cost a Python call each
+    (about 1-2 us more a use).
 
     Example::
 
