@@ -152,7 +152,9 @@ def test_a_decorated_function_called_from_two_threads(tmp_path, region_impl):
 
 @pytest.mark.parametrize("maker", ["this thread", "a thread gone since"])
 def test_two_threads_other_than_the_one_that_made_the_region(tmp_path, region_impl, maker):
-    # Neither thread is the region's owner (both on stacks of their own), whichever made it.
+    # Neither thread made the region: with this thread as its maker, both are on stacks of their
+    # own; with a thread gone since, the first may get that thread's ident again (idents are
+    # reused) and so its fast entry and exit, the second a stack of its own. Right either way.
     loop = _Loop()
     made: List[Any] = []
     with tk.session(logdir=tmp_path, system_metrics=False):
