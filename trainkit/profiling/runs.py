@@ -29,10 +29,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..recorder import PREFIX, STEP_TIME, UPDATE_MS
 from .eventfiles import event_records, records_in
+from .points import Points, step_array, value_array
 from .trace import is_trace
 from .tracesessions import redone_from, trace_sessions
 
@@ -53,8 +54,9 @@ class Run:
 
     name: str
     path: str
-    #: the scalars of the sessions shown (a folder with several: see ``sessions``)
-    scalars: Dict[str, List[Tuple[int, float]]]
+    #: the scalars of the sessions shown (a folder with several: see ``sessions``), each tag's
+    #: :class:`.points.Points` (read as a list of ``(step, value)``)
+    scalars: Dict[str, Points]
     #: the traces of the sessions shown (every trace, when the folder holds one session or none);
     #: the analysis reads each and leaves out those :meth:`replaced` says a later one redid
     traces: Tuple[str, ...]
@@ -90,7 +92,12 @@ class Run:
 
     def values(self, tag: str) -> Dict[int, float]:
         """``step -> value`` of one tag (the last value written for a step wins)."""
-        return dict(self.scalars.get(tag, ()))
+        points = self.scalars.get(tag)
+        if points is None:
+            return {}
+        if isinstance(points, Points):  # from its arrays: no tuple made per point
+            return dict(zip(points.steps, points.values))
+        return dict(points)
 
     def replaced(self, trace: str, steps: Sequence[int]) -> bool:
         """Whether a later session counted again steps the trace ``trace`` holds (``steps``,
@@ -182,8 +189,10 @@ def _holds_trainkit_tag(path: str) -> bool:
 
 
 def read_scalars(folder: str, names: Optional[List[str]] = None, *,
-                 meta: Optional[Dict[str, str]] = None) -> Dict[str, List[Tuple[int, float]]]:
-    """Every scalar in the folder's event files (or those ``names``): ``tag -> [(step, value)]``.
+                 meta: Optional[Dict[str, str]] = None) -> Dict[str, Points]:
+    """Every scalar in the folder's event files (or those ``names``): ``tag -> points``, each
+    tag's :class:`.points.Points` (``(step, value)`` pairs in two arrays; read, indexed and
+    compared as a list of tuples).
 
     ``meta``: a dict to fill with the ``trainkit/meta/...`` text summaries read (``tag -> text``).
 
@@ -197,7 +206,9 @@ def read_scalars(folder: str, names: Optional[List[str]] = None, *,
     from google.protobuf.message import DecodeError
     from tensorboard.compat.proto import event_pb2
 
-    out: Dict[str, List[Tuple[int, float]]] = {}
+    out: Dict[str, Points] = {}
+    # tag -> the append of its steps and of its values: 16 bytes a point, not a tuple's ~100
+    grow: Dict[str, Tuple[Any, Any]] = {}
     event = None
     start = event_pb2.SessionLog.START
     for name in names:
@@ -210,13 +221,21 @@ def read_scalars(folder: str, names: Optional[List[str]] = None, *,
                     step = event.step
                     for value in event.summary.value:
                         if value.HasField("simple_value"):
-                            out.setdefault(value.tag, []).append((step, value.simple_value))
+                            add = grow.get(value.tag)
+                            if add is None:
+                                got = out[value.tag] = Points(step_array(), value_array())
+                                add = grow[value.tag] = (got.steps.append, got.values.append)
+                            add[0](step)
+                            add[1](value.simple_value)
                         elif meta is not None and value.tag.startswith(META) \
                                 and value.HasField("tensor") and value.tensor.string_val:
                             meta[value.tag] = value.tensor.string_val[0].decode("utf-8", "replace")
                 elif event.HasField("session_log") and event.session_log.status == start:
                     for tag, points in out.items():  # a restart: later steps are orphaned
-                        out[tag] = [p for p in points if p[0] < event.step]
+                        kept = points.below(event.step)
+                        if kept is not points:
+                            out[tag] = kept
+                            grow[tag] = (kept.steps.append, kept.values.append)
         except (OSError, DecodeError):  # gone meanwhile, or not an event file: keep what was read
             continue
     return {tag: points for tag, points in out.items() if points}
@@ -309,14 +328,13 @@ def load_run(logdir: str, folder: str) -> Run:
 _STEP_TAGS = (UPDATE_MS, STEP_TIME)
 
 
-def _first_counted(got: Dict[str, List[Tuple[int, float]]]) -> Optional[int]:
+def _first_counted(got: Dict[str, Points]) -> Optional[int]:
     """The first step a session (its scalars ``got``) counted, or None where it counted none."""
-    return min((p[0] for tag in _STEP_TAGS for p in got.get(tag, ())), default=None)
+    return min((got[tag].first_step() for tag in _STEP_TAGS if got.get(tag)), default=None)
 
 
-def _merge_sessions(read: List[Tuple[str, Dict[str, List[Tuple[int, float]]]]],
-                    counted: Dict[str, int]
-                    ) -> Tuple[Dict[str, List[Tuple[int, float]]], List[str]]:
+def _merge_sessions(read: List[Tuple[str, Dict[str, Points]]], counted: Dict[str, int]
+                    ) -> Tuple[Dict[str, Points], List[str]]:
     """The sessions' scalars as TensorBoard shows them, and the sessions shown (oldest first).
 
     A later session drops what the sessions before it recorded of each tag it wrote again, from
@@ -335,21 +353,23 @@ def _merge_sessions(read: List[Tuple[str, Dict[str, List[Tuple[int, float]]]]],
     for name, got in reversed(read):
         after.append((every, dict(firsts)))
         for tag, points in got.items():
-            first = min(p[0] for p in points)
+            first = points.first_step()
             firsts[tag] = min(first, firsts.get(tag, first))
         own = counted.get(name)
         if own is not None:
             every = own if every is None else min(every, own)
     after.reverse()
-    out: Dict[str, List[Tuple[int, float]]] = {}
+    out: Dict[str, Points] = {}
     shown = []
     for (name, got), (every, tags) in zip(read, after):
         kept = False
         for tag, points in got.items():
             until = min((s for s in (every, tags.get(tag)) if s is not None), default=None)
-            points = points if until is None else [p for p in points if p[0] < until]
+            points = points if until is None else points.below(until)
             if points:
-                out.setdefault(tag, []).extend(points)
+                was = out.get(tag)  # a tag of one session is kept as read, of several joined
+                out[tag] = points if was is None else Points(was.steps + points.steps,
+                                                             was.values + points.values)
                 kept = True
         if kept:
             shown.append(name)

@@ -1,0 +1,109 @@
+"""A tag's scalars as a run's reader keeps them: steps and values in two typed arrays.
+
+A list of ``(step, value)`` tuples costs ~100 bytes a point (the tuple, the int, the float); a run
+of 1,000,000 steps and ~10 tags held ~0.8 GB of them. :class:`Points` holds the same points in an
+``array('q')`` of steps and an ``array('d')`` of values, 16 bytes a point, and reads as the list
+did: it iterates, indexes, slices and compares (``==``) as the list of tuples, so every consumer
+of :func:`.runs.read_scalars` keeps working; a hot one reads :attr:`Points.steps` and
+:attr:`Points.values` directly.
+"""
+from __future__ import annotations
+
+from array import array
+from itertools import compress
+from typing import Any, Iterator, Tuple, Union, overload
+
+
+def step_array() -> "array[int]":
+    """An empty array of steps (int64, as an ``Event``'s step is)."""
+    return array("q")
+
+
+def value_array() -> "array[float]":
+    """An empty array of values (float64: a ``simple_value``'s float32 is exact in it)."""
+    return array("d")
+
+
+class Points:
+    """A tag's points, ``(step, value)`` in the order written; read-only.
+
+    Example::
+
+        pts = Points.of([(1, 2.0), (2, 3.5)]); pts[0] == (1, 2.0); pts == [(1, 2.0), (2, 3.5)]
+        dict(zip(pts.steps, pts.values))
+    """
+
+    __slots__ = ("steps", "values")
+
+    def __init__(self, steps: "array[int]", values: "array[float]") -> None:
+        if len(steps) != len(values):
+            raise ValueError(f"Points: {len(steps)} steps but {len(values)} values; "
+                             f"pass arrays of the same length")
+        #: the steps, an ``array('q')``; not to be changed
+        self.steps = steps
+        #: the values, an ``array('d')``; not to be changed
+        self.values = values
+
+    @classmethod
+    def of(cls, pairs: Any) -> "Points":
+        """Points from ``(step, value)`` pairs (a list of tuples, or another :class:`Points`)."""
+        if isinstance(pairs, Points):
+            return pairs
+        steps, values = step_array(), value_array()
+        for step, value in pairs:
+            steps.append(step)
+            values.append(value)
+        return cls(steps, values)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __iter__(self) -> Iterator[Tuple[int, float]]:
+        return zip(self.steps, self.values)
+
+    def __reversed__(self) -> Iterator[Tuple[int, float]]:
+        return zip(reversed(self.steps), reversed(self.values))
+
+    @overload
+    def __getitem__(self, i: int) -> Tuple[int, float]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> "Points": ...
+
+    def __getitem__(self, i: Union[int, slice]) -> Union[Tuple[int, float], "Points"]:
+        if isinstance(i, slice):
+            return Points(self.steps[i], self.values[i])
+        return self.steps[i], self.values[i]
+
+    def __contains__(self, point: object) -> bool:
+        return any(p == point for p in self)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Points):
+            return self.steps == other.steps and self.values == other.values
+        if isinstance(other, (list, tuple)):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # compares as a list does, and is as unhashable
+
+    def __repr__(self) -> str:
+        shown = list(self[:3])
+        more = f", ... {len(self) - 3} more" if len(self) > 3 else ""
+        return f"Points({str(shown)[:-1]}{more}])"
+
+    def below(self, until: int) -> "Points":
+        """The points whose step is below ``until``, in order (itself where all are)."""
+        steps = self.steps
+        if not steps or max(steps) < until:
+            return self
+        keep = [s < until for s in steps]
+        return Points(array("q", compress(steps, keep)), array("d", compress(self.values, keep)))
+
+    def first_step(self) -> int:
+        """The smallest step (the points are not sorted after a restart).
+
+        Raises:
+            ValueError: there is no point.
+        """
+        return min(self.steps)
