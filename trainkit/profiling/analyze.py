@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from .analyzers import records as record_rules
 from .analyzers import traces as trace_rules
 from .finding import Finding, sort_key
+from .reader import EventReader
 from .runs import Run, find_runs, load_run
 from .tracefiles import WRITING_GRACE_S, TraceError, being_written, read_trace
 from .tracestats import TraceStats, summarize
@@ -148,13 +149,15 @@ def _trace_findings(run: Run, now: float
 
 
 def analyze_run(logdir: str, folder: str, *, clock: Callable[[], float] = time.time,
-                name: Optional[str] = None) -> RunReport:
+                name: Optional[str] = None, reader: Optional[EventReader] = None) -> RunReport:
     """Findings and step breakdown of the run in ``folder`` (named relative to ``logdir``, or
     ``name``: as TensorBoard names it, for the tab, which finds the folder on its own).
 
     ``clock`` (wall time, as file mtimes are) tells a trace still being written from a broken one.
+    ``reader``: the :class:`.reader.EventReader` of a caller analyzing the run again as it grows
+    (the tab), which parses only the records appended since its last read.
     """
-    run = load_run(logdir, folder)
+    run = load_run(logdir, folder, reader=reader)
     if name is not None:  # the findings' texts say it too
         run = dataclasses.replace(run, name=name)
     st = record_rules.Steps(run)  # the one selection of steps the findings and breakdown share

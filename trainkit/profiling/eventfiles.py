@@ -9,7 +9,7 @@ megabytes, so it is read in chunks, not whole.
 from __future__ import annotations
 
 import struct
-from typing import Iterator, List
+from typing import Iterator, List, Optional
 
 from ..sinks.tensorboard import masked_crc32c
 
@@ -17,14 +17,35 @@ _HEADER = struct.Struct("<QI")  # a record's payload length, and that length's m
 _CRC = struct.Struct("<I")
 
 
-def event_records(path: str) -> Iterator[bytes]:
+class Cursor:
+    """Where reading an event file got to, for a reader that reads it again once it grew.
+
+    ``offset``: the byte after the last complete record read (where the next one begins);
+    ``broken``: a record's CRC was wrong there, so nothing after it is read, now or later (the
+    file only grows by records appended after it), as TensorBoard's reader stops there.
+    """
+
+    __slots__ = ("offset", "broken")
+
+    def __init__(self, offset: int = 0) -> None:
+        self.offset = offset
+        self.broken = False
+
+
+def event_records(path: str, cursor: Optional[Cursor] = None) -> Iterator[bytes]:
     """The payloads of an event file's records, in order (the framing the writer writes).
 
     Stops, as TensorBoard's reader does, at a record still being written (the file of a run in
     progress) or one whose CRC is wrong (a torn or corrupt file): what comes before is kept.
     Read in chunks of :data:`_CHUNK` bytes: a long run's file is hundreds of megabytes.
+
+    ``cursor``: read from ``cursor.offset`` (the start of a record: where an earlier read
+    ended), and move it on past each chunk's complete records as they are handed out.
     """
     with open(path, "rb") as fh:
+        base = cursor.offset if cursor is not None else 0
+        if base:
+            fh.seek(base)
         rest = b""
         while True:
             more = fh.read(_CHUNK)
@@ -32,9 +53,15 @@ def event_records(path: str) -> Iterator[bytes]:
             got: List[bytes] = []
             pos = _scan(data, got)
             yield from got
+            if cursor is not None:
+                if pos < 0:  # the offset stays where the chunk began: never read again
+                    cursor.broken = True
+                else:
+                    cursor.offset = base + pos
             if pos < 0 or not more:
                 return
             rest = data[pos:]
+            base += pos
 
 
 #: How much of an event file :func:`event_records` reads at a time.

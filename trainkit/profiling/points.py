@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from array import array
 from itertools import compress
-from typing import Any, Iterator, Tuple, Union, overload
+from typing import Any, Dict, Iterable, Iterator, Optional, Tuple, Union, overload
 
 
 def step_array() -> "array[int]":
@@ -107,3 +107,72 @@ class Points:
             ValueError: there is no point.
         """
         return min(self.steps)
+
+
+class ScalarsParse:
+    """The scalars and ``trainkit/meta/...`` texts of event records, parsed as they come: what
+    :func:`.runs.read_scalars` reads, and :class:`.reader.EventReader` goes on reading once a
+    file grew (``points`` and ``meta`` as an earlier parse left them).
+
+    Each tag's :class:`Points` in :attr:`points` is never changed once made (a run read earlier
+    may hold it): the points parsed since are kept aside and joined on at :meth:`result`, or at a
+    ``SessionLog.START``, which drops the points parsed so far whose step is its own or later.
+    """
+
+    def __init__(self, points: Optional[Dict[str, Points]] = None,
+                 meta: Optional[Dict[str, str]] = None, *, meta_prefix: str = "") -> None:
+        self.points: Dict[str, Points] = dict(points or {})
+        #: ``tag -> text`` of the texts under ``meta_prefix`` (the last one of a tag wins); None:
+        #: none kept
+        self.meta = meta
+        self._prefix = meta_prefix
+        # tag -> the appends of the steps and values parsed since the last join
+        self._new: Dict[str, Tuple[Any, Any]] = {}
+        self._fresh: Dict[str, Points] = {}
+
+    def consume(self, payloads: Iterable[bytes]) -> None:
+        """Parse the records' payloads (``Event`` protobufs), in order.
+
+        Raises:
+            google.protobuf.message.DecodeError: a payload is no ``Event``; those before it are
+                kept.
+        """
+        from tensorboard.compat.proto import event_pb2
+
+        event = None
+        start = event_pb2.SessionLog.START
+        new, fresh, meta, prefix = self._new, self._fresh, self.meta, self._prefix
+        for i, payload in enumerate(payloads):
+            if not i & 4095:  # a message parsed into again keeps every parse's memory
+                event = event_pb2.Event()  # (upb's arena): ~0.9 GB of a 1M-step run's 2
+            event.ParseFromString(payload)
+            if event.HasField("summary"):
+                step = event.step
+                for value in event.summary.value:
+                    if value.HasField("simple_value"):
+                        add = new.get(value.tag)
+                        if add is None:
+                            got = fresh[value.tag] = Points(step_array(), value_array())
+                            add = new[value.tag] = (got.steps.append, got.values.append)
+                        add[0](step)
+                        add[1](value.simple_value)
+                    elif meta is not None and value.tag.startswith(prefix) \
+                            and value.HasField("tensor") and value.tensor.string_val:
+                        meta[value.tag] = value.tensor.string_val[0].decode("utf-8", "replace")
+            elif event.HasField("session_log") and event.session_log.status == start:
+                self._join()  # a restart: later steps are orphaned
+                self.points = {tag: points.below(event.step)
+                               for tag, points in self.points.items()}
+
+    def _join(self) -> None:
+        for tag, got in self._fresh.items():
+            was = self.points.get(tag)
+            self.points[tag] = got if was is None else Points(was.steps + got.steps,
+                                                              was.values + got.values)
+        self._new.clear()
+        self._fresh.clear()
+
+    def result(self) -> Dict[str, Points]:
+        """``tag -> points`` of the tags holding any."""
+        self._join()
+        return {tag: points for tag, points in self.points.items() if points}

@@ -29,13 +29,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from ..recorder import PREFIX, STEP_TIME, UPDATE_MS
-from .eventfiles import event_records, records_in
-from .points import Points, step_array, value_array
+from .eventfiles import Cursor, event_records, records_in
+from .points import Points, ScalarsParse
 from .trace import is_trace
 from .tracesessions import redone_from, trace_sessions
+
+if TYPE_CHECKING:
+    from .reader import EventReader
 
 #: The text summaries a run's reader keeps (:attr:`Run.meta`).
 META = PREFIX + "meta/"
@@ -203,42 +206,27 @@ def read_scalars(folder: str, names: Optional[List[str]] = None, *,
     names = sorted(f for f in os.listdir(folder) if EVENTS_MARK in f) if names is None else names
     if not names:
         return {}
-    from google.protobuf.message import DecodeError
-    from tensorboard.compat.proto import event_pb2
-
-    out: Dict[str, Points] = {}
-    # tag -> the append of its steps and of its values: 16 bytes a point, not a tuple's ~100
-    grow: Dict[str, Tuple[Any, Any]] = {}
-    event = None
-    start = event_pb2.SessionLog.START
+    parse = ScalarsParse(meta=meta, meta_prefix=META)
     for name in names:
-        try:
-            for i, payload in enumerate(event_records(os.path.join(folder, name))):
-                if not i & 4095:  # a message parsed into again keeps every parse's memory
-                    event = event_pb2.Event()  # (upb's arena): ~0.9 GB of a 1M-step run's 2
-                event.ParseFromString(payload)
-                if event.HasField("summary"):
-                    step = event.step
-                    for value in event.summary.value:
-                        if value.HasField("simple_value"):
-                            add = grow.get(value.tag)
-                            if add is None:
-                                got = out[value.tag] = Points(step_array(), value_array())
-                                add = grow[value.tag] = (got.steps.append, got.values.append)
-                            add[0](step)
-                            add[1](value.simple_value)
-                        elif meta is not None and value.tag.startswith(META) \
-                                and value.HasField("tensor") and value.tensor.string_val:
-                            meta[value.tag] = value.tensor.string_val[0].decode("utf-8", "replace")
-                elif event.HasField("session_log") and event.session_log.status == start:
-                    for tag, points in out.items():  # a restart: later steps are orphaned
-                        kept = points.below(event.step)
-                        if kept is not points:
-                            out[tag] = kept
-                            grow[tag] = (kept.steps.append, kept.values.append)
-        except (OSError, DecodeError):  # gone meanwhile, or not an event file: keep what was read
-            continue
-    return {tag: points for tag, points in out.items() if points}
+        parse_file(os.path.join(folder, name), parse)
+    return parse.result()
+
+
+def parse_file(path: str, parse: ScalarsParse, cursor: Optional[Cursor] = None) -> bool:
+    """Parse the event file ``path``'s records into ``parse`` (from ``cursor.offset``, moved on
+    past what was read, where given). Returns False where the file holds no more to read, now
+    or later: a payload that is no ``Event`` (not an event file) or a record whose CRC is wrong;
+    what came before is kept. A file gone meanwhile gives what was read.
+    """
+    from google.protobuf.message import DecodeError
+
+    try:
+        parse.consume(event_records(path, cursor))
+    except OSError:  # gone meanwhile: keep what was read
+        return True
+    except DecodeError:  # not an event file: keep what was read
+        return False
+    return cursor is None or not cursor.broken
 
 
 _FILE_TIME = re.compile(r"tfevents\.(\d+)\.")
@@ -278,24 +266,36 @@ def trace_time(path: str) -> float:
         return 0.0
 
 
-def load_run(logdir: str, folder: str) -> Run:
+def load_run(logdir: str, folder: str, *, reader: Optional["EventReader"] = None) -> Run:
     """The run in ``folder`` (a folder :func:`find_runs` returned for ``logdir``).
 
     With several sessions in the folder, the records and traces of those TensorBoard shows (see
     the module's docstring); the others are named in ``hidden`` and ``earlier_traces``. Each trace
     is assigned by the session it names (its head read, not its events), else by clock times.
+
+    ``reader``: an :class:`.reader.EventReader` that read the folder's event files before (the
+    tab's, reading a run again as it grows): only what was appended since is parsed.
     """
     name = os.path.relpath(folder, logdir)
     files = sorted(os.listdir(folder))  # TensorBoard's order: by name, which starts with the time
     traces = [os.path.join(folder, f) for f in files if is_trace(f)]
-    sessions = tuple(f for f in files
-                     if EVENTS_MARK in f and _holds_trainkit_tag(os.path.join(folder, f)))
+    holds = _holds_trainkit_tag if reader is None else reader.holds_trainkit_tag
+    sessions = tuple(f for f in files if EVENTS_MARK in f and holds(os.path.join(folder, f)))
+
+    def scalars_of(f: str, texts: Dict[str, str]) -> Dict[str, Points]:
+        if reader is None:
+            return read_scalars(folder, [f], meta=texts)
+        got, read_texts = reader.read(os.path.join(folder, f))
+        texts.update(read_texts)
+        return got
+
     if len(sessions) < 2:
         got: Dict[str, str] = {}
-        return Run(name=name, path=folder, scalars=read_scalars(folder, list(sessions), meta=got),
+        return Run(name=name, path=folder,
+                   scalars=scalars_of(sessions[0], got) if sessions else {},
                    traces=tuple(traces), sessions=sessions, meta=got)
     meta: Dict[str, Dict[str, str]] = {f: {} for f in sessions}
-    read = [(f, read_scalars(folder, [f], meta=meta[f])) for f in sessions]
+    read = [(f, scalars_of(f, meta[f])) for f in sessions]
     counted = {f: first for f, first in ((f, _first_counted(got)) for f, got in read)
                if first is not None}
     # A session that counted no step beside one that did is no run: merged, its data wait at
