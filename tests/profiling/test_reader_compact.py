@@ -35,7 +35,8 @@ def test_points_read_compare_index_and_iterate_as_the_list_of_tuples(tmp_path):
     assert pts[0] == (1, 1 / 2) and pts[-1] == old[-1] and pts[10:13] == old[10:13]
     assert list(reversed(pts)) == old[::-1] and (3, 3 / 2) in pts and (3, 0.0) not in pts
     assert [s for s, _ in pts] == list(range(1, 51)) and dict(pts) == dict(old)
-    assert pts != old[:-1] and pts != [(s, v + 1) for s, v in old]
+    assert pts != old[:-1] and pts != [(s, v + 1) for s, v in old] and pts != tuple(old)
+    assert pts.index((5, 5 / 2)) == 4 and pts.count((5, 5 / 2)) == 1
     assert max(s for s, _ in pts) == 50 and sorted(pts)[0] == (1, 0.5)
     assert isinstance(pts[0][0], int) and isinstance(pts[0][1], float)
     assert "(1, 0.5)" in repr(pts)

@@ -10,6 +10,7 @@ of :func:`.runs.read_scalars` keeps working; a hot one reads :attr:`Points.steps
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from itertools import compress
 from typing import Any, Dict, Iterable, Iterator, Optional, Tuple, Union, overload
 
@@ -24,7 +25,7 @@ def value_array() -> "array[float]":
     return array("d")
 
 
-class Points:
+class Points(Sequence):
     """A tag's points, ``(step, value)`` in the order written; read-only.
 
     Example::
@@ -81,7 +82,7 @@ class Points:
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Points):
             return self.steps == other.steps and self.values == other.values
-        if isinstance(other, (list, tuple)):
+        if isinstance(other, list):  # not a tuple of them, which the list did not equal either
             return len(other) == len(self) and all(a == b for a, b in zip(self, other))
         return NotImplemented
 
