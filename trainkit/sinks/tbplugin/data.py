@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ...profiling.analyze import analyze_run
 from ...profiling.reader import EventReader
-from ...profiling.runs import EVENTS_MARK, find_runs, scan_trainkit_tag
+from ...profiling.runs import EVENTS_MARK, find_runs
 from ...profiling.trace import is_trace
 
 #: An ablation result a run may hold (written by the ablation report); shown as a table.
@@ -86,16 +86,15 @@ class TabData:
         self._reports: Dict[str, Tuple[Any, Dict[str, Any]]] = {}
         # run -> a lock held while its report is computed: one analysis of a run at a time (a
         # run of 1,000,000 steps takes ~11 s and ~0.5 GB to read and analyze, ~1.7 s once read
-        # and grown by 1,000 steps; a tab reloaded meanwhile
-        # started another one, and another, each as large), and the last one computed, as
-        # (monotonic time it started, signature it started with, report)
+        # and grown by 1,000 steps; a tab reloaded meanwhile started another one, and another,
+        # each as large), and the last one computed, as (monotonic time it started, signature
+        # it started with, report)
         self._computing: Dict[str, threading.Lock] = {}
         self._latest: Dict[str, Tuple[float, Any, Dict[str, Any]]] = {}
-        # event file -> (bytes scanned, holds a trainkit tag): files only grow, so a file found
-        # once stays found, and one not found yet is scanned again from where the scan ended.
-        self._scanned: Dict[str, Tuple[int, bool]] = {}
         # each event file's records read so far: a run analyzed again as it grows (every flush)
-        # has only its appended records parsed (a 1,000,000-step run took ~13 s to read whole)
+        # has only its appended records parsed (a 1,000,000-step run took ~13 s to read whole),
+        # and its scan for a trainkit tag goes on from where it ended (a file found once stays
+        # found, unless replaced)
         self._reader = EventReader()
 
     def _folders(self) -> Dict[str, str]:
@@ -107,19 +106,6 @@ class TabData:
                     out[os.path.join(group, rel) if group else rel] = f
         return out
 
-    def _has_trainkit_tag(self, path: str) -> bool:
-        with self._lock:
-            done, found = self._scanned.get(path, (0, False))
-        if found:
-            return True
-        try:
-            size, found = scan_trainkit_tag(path, done)
-        except OSError:
-            return False
-        with self._lock:
-            self._scanned[path] = (size, found)
-        return found
-
     def _is_trainkit(self, folder: str) -> bool:
         """A trace, or an event file with a ``trainkit/`` scalar (what ``analyze_run`` counts)."""
         try:
@@ -128,7 +114,7 @@ class TabData:
             return False
         if any(is_trace(n) for n in names):
             return True
-        return any(self._has_trainkit_tag(os.path.join(folder, n))
+        return any(self._reader.holds_trainkit_tag(os.path.join(folder, n))
                    for n in names if EVENTS_MARK in n)
 
     def _report(self, name: str, folder: str) -> Dict[str, Any]:
