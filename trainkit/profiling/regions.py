@@ -136,13 +136,13 @@ class _Region:
     it wrote more time than the wall clock had (60 ms for three nested 10 ms calls).
 
     Each thread has its own stack, so a name entered by several threads at once (a pool
-    preparing batches in a decorated function, a prefetch thread) is timed per thread: one
-    record per thread's outermost entry, filed under the step by its own start. The thread that
-    made the region (``_owner``, the first ``profile_region(name)``: the training loop, as a
-    rule) uses ``_starts``, shared with the fast region, whose entry and exit only compare
-    thread idents to know it; any other thread's entries go through this class, on a list of
-    its own in ``_others`` (keyed by thread ident, dropped when its last entry exits). A thread
-    exiting a name it has no open entry of gets the ``IndexError`` of an unmatched exit.
+    preparing batches in a decorated function, a prefetch thread) is timed per thread, each
+    thread's outermost entry filed under the step by its own start. The thread that made the
+    region (``_owner``: the first ``profile_region(name)``, the loop as a rule; or a thread given
+    its ident again once it ended) uses ``_starts``, shared with the fast region, whose entry and
+    exit just compare thread idents; any other thread's entries go through this class, on a list
+    of its own in ``_others`` (by thread ident, dropped when emptied). An exit with no open entry
+    in its thread is the ``IndexError`` of an unmatched exit, as in one thread.
 
     This class opens a ``record_function`` range (per thread, so ranges stay balanced in each)
     and records CUDA events as needed; the fast one of a name (:func:`_fast_region`) is used
@@ -368,7 +368,7 @@ def profile_region(name: str) -> _Region:
     prefetch thread beside the loop) are timed each on its own: each thread's outermost entry
     records its own time, under the step by its own start. The thread that first asks for a name
     (the loop, as a rule) gets its fast entry and exit; another thread's cost a Python call each
-    (about 1-2 us more a use).
+    (about 1 us more a use).
 
     Example::
 
