@@ -10,8 +10,8 @@ from typing import Any, Dict, List, Optional
 
 from ._tags import (AMP_SCALE, AMP_SKIPPED, CLOSURE_MS, COMPILE_RECOMPILES, COMPILE_SECONDS,
                     DATA_WAIT, GC_FULL, GC_MS, H2D_BYTES, H2D_GBPS, H2D_MS, H2D_PINNED_BYTES,
-                    H2D_PINNED_PCT, ITEMS, PASS_END_WAIT, PASSES, REGION, SAMPLES_PER_S, STEP_END, STEP_TIME,
-                    UPDATE_MS)
+                    H2D_PINNED_PCT, ITEMS, PASS_END_WAIT, PASSES, REGION, SAMPLES_PER_S, STEP_END,
+                    STEP_TIME, UPDATE_MS)
 
 # Time spent and counts add up over a step (several micro-batches, several copies, the several
 # closure calls of LBFGS); anything else a step records more than once is averaged (the losses
