@@ -101,6 +101,13 @@ class Points(Sequence):
         keep = [s < until for s in steps]
         return Points(array("q", compress(steps, keep)), array("d", compress(self.values, keep)))
 
+    def then(self, more: "Optional[Points]") -> "Points":
+        """These points followed by ``more``'s, as a new :class:`Points` (itself where ``more``
+        is None; neither is changed: a run read earlier may hold either)."""
+        if more is None:
+            return self
+        return Points(self.steps + more.steps, self.values + more.values)
+
     def first_step(self) -> int:
         """The smallest step (the points are not sorted after a restart).
 
@@ -168,8 +175,7 @@ class ScalarsParse:
     def _join(self) -> None:
         for tag, got in self._fresh.items():
             was = self.points.get(tag)
-            self.points[tag] = got if was is None else Points(was.steps + got.steps,
-                                                              was.values + got.values)
+            self.points[tag] = got if was is None else was.then(got)
         self._new.clear()
         self._fresh.clear()
 

@@ -35,7 +35,7 @@ class _FileState:
     cursor: Cursor
     #: False once nothing more will be read from the file (a wrong CRC, or no event file)
     more: bool
-    points: Dict[str, Points]
+    points: Dict[str, Points]  # the tags holding any
     meta: Dict[str, str]
 
 
@@ -71,7 +71,7 @@ class EventReader:
             state = self._update(path)
         if state is None:
             return {}, {}
-        return {tag: p for tag, p in state.points.items() if p}, state.meta
+        return state.points, state.meta
 
     def _update(self, path: str) -> Optional[_FileState]:
         try:
@@ -92,9 +92,8 @@ class EventReader:
             parse = ScalarsParse(state.points, dict(state.meta), meta_prefix=runs.META)
             more = runs.parse_file(path, parse, state.cursor)
             self.parsed_bytes += state.cursor.offset - before
-            parse.result()  # joins the points parsed since into parse.points
             # a new state, not the old one changed: the points handed out before stay as they were
-            state = dataclasses.replace(state, more=more, points=parse.points, meta=parse.meta,
+            state = dataclasses.replace(state, more=more, points=parse.result(), meta=parse.meta,
                                         head=state.head or self._head(path, state.cursor.offset))
         with self._lock:
             self._files[path] = state

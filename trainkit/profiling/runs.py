@@ -368,8 +368,7 @@ def _merge_sessions(read: List[Tuple[str, Dict[str, Points]]], counted: Dict[str
             points = points if until is None else points.below(until)
             if points:
                 was = out.get(tag)  # a tag of one session is kept as read, of several joined
-                out[tag] = points if was is None else Points(was.steps + points.steps,
-                                                             was.values + points.values)
+                out[tag] = points if was is None else was.then(points)
                 kept = True
         if kept:
             shown.append(name)
