@@ -38,18 +38,31 @@ def _batches(n=3):
             for _ in range(n)]
 
 
-def test_the_end_of_a_pass_is_data_wait_of_the_step_that_holds_it(tmp_path):
+def _model_and_optimizer():
     model = mlp()
-    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    return model, tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def _backward(model, x, y):
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+
+
+def _times_and_waits(logdir):
+    """``step -> ms`` of the run's step times and data waits, read back from its event files."""
+    got = scalars(logdir)
+    return dict(got["trainkit/step_time_ms"]), dict(got["trainkit/data_wait_ms"])
+
+
+def test_the_end_of_a_pass_is_data_wait_of_the_step_that_holds_it(tmp_path):
+    model, opt = _model_and_optimizer()
     train = tk.patch(_SlowEnd(_batches()))
     with tk.session(logdir=tmp_path, system_metrics=False):
         for _ in range(2):
             for x, y in train:
-                torch.nn.functional.cross_entropy(model(x), y).backward()
+                _backward(model, x, y)
                 opt.step()
                 opt.zero_grad()
-    got = scalars(tmp_path)
-    times, waits = dict(got["trainkit/step_time_ms"]), dict(got["trainkit/data_wait_ms"])
+    times, waits = _times_and_waits(tmp_path)
     assert sorted(times) == sorted(waits) == list(range(1, 7))  # no point after the last step
     assert times[4] >= END * 1e3  # the second epoch's first step holds the first pass's end...
     assert waits[4] >= END * 1e3  # ...which was a wait for the loader
@@ -66,32 +79,25 @@ def test_the_end_of_a_pass_is_data_wait_where_batches_are_steps(tmp_path):
         for _ in range(2):
             for x, _y in data:
                 model(x)
-    got = scalars(tmp_path)
-    times, waits = dict(got["trainkit/step_time_ms"]), dict(got["trainkit/data_wait_ms"])
+    times, waits = _times_and_waits(tmp_path)
     assert sorted(times) == sorted(waits) == list(range(1, 7))
     assert times[4] >= END * 1e3 and waits[4] >= END * 1e3
     assert times[4] - waits[4] < END * 1e3 / 2
 
 
-def _step_window(model, x, y):
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-
-
 def test_a_pass_end_before_the_partial_window_tk_accumulate_steps_at_its_exit(tmp_path):
     # A per-epoch accumulate block: its exit steps the last, shorter window after the pass's
     # end, in that window's step, which no next pass begins in (the pass end was dropped).
-    model = mlp()
-    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    model, opt = _model_and_optimizer()
     train = tk.patch(_SlowEnd(_batches()))
     with tk.session(logdir=tmp_path, system_metrics=False):
         for _ in range(2):
             with tk.accumulate(2, opt):
                 for x, y in train:
-                    _step_window(model, x, y)
+                    _backward(model, x, y)
                     opt.step()
                     opt.zero_grad()
-    got = scalars(tmp_path)
-    times, waits = dict(got["trainkit/step_time_ms"]), dict(got["trainkit/data_wait_ms"])
+    times, waits = _times_and_waits(tmp_path)
     assert sorted(times) == sorted(waits) == [1, 2, 3, 4]
     for st in (2, 4):  # each epoch's partial window, stepped at the block's exit; the last too
         assert times[st] >= END * 1e3 and waits[st] >= END * 1e3
@@ -100,42 +106,39 @@ def test_a_pass_end_before_the_partial_window_tk_accumulate_steps_at_its_exit(tm
 
 
 def test_a_pass_end_before_a_partial_window_stepped_by_hand_after_the_loop(tmp_path):
-    model = mlp()
-    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    model, opt = _model_and_optimizer()
     train = tk.patch(_SlowEnd(_batches()))
     with tk.session(logdir=tmp_path, system_metrics=False):
         for _ in range(2):
             i = -1
             for i, (x, y) in enumerate(train):
-                _step_window(model, x, y)
+                _backward(model, x, y)
                 if (i + 1) % 2 == 0:
                     opt.step()
                     opt.zero_grad()
             if (i + 1) % 2:  # the last, shorter window
                 opt.step()
                 opt.zero_grad()
-    waits = dict(scalars(tmp_path)["trainkit/data_wait_ms"])
+    _, waits = _times_and_waits(tmp_path)
     assert sorted(waits) == [1, 2, 3, 4]
     assert waits[2] >= END * 1e3 and waits[4] >= END * 1e3
     assert waits[1] < END * 1e3 / 2 and waits[3] < END * 1e3 / 2
 
 
 def test_the_end_of_a_validation_pass_inside_the_training_loop_is_that_steps_wait(tmp_path):
-    model = mlp()
-    opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
+    model, opt = _model_and_optimizer()
     train = tk.patch(_batches(4))
     val = tk.patch(_SlowEnd(_batches(2)))
     with tk.session(logdir=tmp_path, system_metrics=False):
         for i, (x, y) in enumerate(train):
-            _step_window(model, x, y)
+            _backward(model, x, y)
             opt.step()
             opt.zero_grad()
             if i == 1:  # step 2's validation, inside the loop's body, after its update
                 with torch.no_grad():
                     for vx, _vy in val:
                         model(vx)
-    got = scalars(tmp_path)
-    times, waits = dict(got["trainkit/step_time_ms"]), dict(got["trainkit/data_wait_ms"])
+    times, waits = _times_and_waits(tmp_path)
     assert sorted(waits) == [1, 2, 3, 4]
     # after step 2's update: in step 3's wall time, as its validation batches' waits are
     assert times[3] >= END * 1e3 and waits[3] >= END * 1e3
