@@ -51,8 +51,8 @@ class _Loop:
 class _Worker(threading.Thread):
     """A thread running ``body``; what it raised is raised again by :meth:`finish`."""
 
-    def __init__(self, body: Callable[[], None]) -> None:
-        super().__init__(daemon=True)
+    def __init__(self, body: Callable[[], None], name: Optional[str] = None) -> None:
+        super().__init__(daemon=True, name=name)
         self.body, self.error = body, None
 
     def run(self) -> None:
@@ -239,17 +239,23 @@ def test_a_thread_exiting_a_name_it_has_not_entered(tmp_path, region_impl):
     with tk.session(logdir=tmp_path, system_metrics=False):
         region = tk.profile_region("x")
 
-        def stray_exit() -> None:
-            with pytest.raises(IndexError):
-                type(region).__exit__(region, None, None, None)
+        def stray_exit(open_in: Optional[str]) -> Callable[[], None]:
+            def body() -> None:
+                with pytest.raises(IndexError) as raised:
+                    type(region).__exit__(region, None, None, None)
+                said = str(raised.value)
+                assert said.startswith("profile_region('x'): exited in thread 'stray'"), said
+                assert ("open in thread" in said) == (open_in is not None), said
+                assert open_in is None or f"open in thread {open_in!r}" in said, said
+            return body
 
-        stray = _Worker(stray_exit)
+        stray = _Worker(stray_exit(None), name="stray")
         stray.start()
         stray.finish()  # nothing open anywhere
         t = time.perf_counter()
         with region:
             t_in = time.perf_counter()
-            stray = _Worker(stray_exit)
+            stray = _Worker(stray_exit(threading.current_thread().name), name="stray")
             stray.start()
             stray.finish()  # this thread's entry open
             time.sleep(PAUSE)
@@ -258,3 +264,36 @@ def test_a_thread_exiting_a_name_it_has_not_entered(tmp_path, region_impl):
         loop.step()
     got = _region_ms(tmp_path)
     assert sorted(got) == [1] and _within(got[1], (inner, wall)), (got, inner, wall)
+
+
+def test_an_unmatched_exit_in_the_loop_names_its_region(tmp_path, region_impl):
+    # The C exit said "pop from empty list", the Python one too: no word of which region.
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        region = tk.profile_region("fwd")
+        with pytest.raises(IndexError, match=r"^profile_region\('fwd'\): exited in thread "
+                                             r"'MainThread', which has no open entry"):
+            type(region).__exit__(region, None, None, None)
+        with region:  # still timed as before
+            pass
+        _Loop().step()
+    assert sorted(_region_ms(tmp_path, "fwd")) == [1]
+
+
+def test_a_with_around_a_yield_resumed_in_another_thread_says_the_fix(tmp_path, region_impl):
+    # The generator's `with` entered in this thread exits in the worker's: the error says where
+    # it is open and that the decorated generator function times each resumption instead.
+    def made() -> Any:
+        with tk.profile_region("x"):
+            yield 1
+
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        tk.profile_region("x")  # this thread's, as the loop's
+        gen = made()
+        next(gen)
+        worker = _Worker(lambda: next(gen, None), name="prefetch")
+        worker.start()
+        with pytest.raises(IndexError) as raised:
+            worker.finish()
+    said = str(raised.value)
+    assert said.startswith("profile_region('x'): exited in thread 'prefetch'"), said
+    assert "open in thread 'MainThread'" in said and "@tk.profile_region('x')" in said, said

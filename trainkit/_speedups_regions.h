@@ -169,10 +169,10 @@ static PyObject *exit_vectorcall(PyObject *callable, PyObject *const *args, size
     PyObject *t1 = PyObject_CallNoArgs(now);
     if (!t1) return NULL;
     Py_ssize_t depth = PyList_GET_SIZE(self->starts);
-    if (depth == 0) {
+    if (depth == 0) { /* unmatched: the full region's exit raises the error that says so */
         Py_DECREF(t1);
-        PyErr_SetString(PyExc_IndexError, "pop from empty list");
-        return NULL;
+        return PyObject_CallMethodObjArgs(self->full, s_exit, args[off], args[off + 1],
+                                          args[off + 2], NULL);
     }
     PyObject *start = PyList_GET_ITEM(self->starts, depth - 1);
     Py_INCREF(start);

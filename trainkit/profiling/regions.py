@@ -7,9 +7,7 @@ name, made once, whose fast path is an append on entry and one on exit (a genera
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
-import inspect
 import re
 import sys
 import types
@@ -17,6 +15,7 @@ from threading import get_ident
 from typing import Any, Callable, Dict, List, Optional, TypeVar
 
 from .. import _compiled, recorder as _recorder, timing
+from ._region_calls import decorate, unmatched_exit
 from ..recorder import REGION
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -142,7 +141,7 @@ class _Region:
     its ident again once it ended) uses ``_starts``, shared with the fast region, whose entry and
     exit just compare thread idents; any other thread's entries go through this class, on a list
     of its own in ``_others`` (by thread ident, dropped when emptied). An exit with no open entry
-    in its thread is the ``IndexError`` of an unmatched exit, as in one thread.
+    in its thread is an ``IndexError`` naming the region, and the threads where it is open.
 
     This class opens a ``record_function`` range (per thread, so ranges stay balanced in each)
     and records CUDA events as needed; the fast one of a name (:func:`_fast_region`) is used
@@ -180,14 +179,12 @@ class _Region:
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
         t1 = timing.now()
         ident = get_ident()
-        if ident == self._owner:
-            starts = self._starts
-            start = starts.pop()
-        else:  # another thread's own stack (none: the IndexError of an unmatched exit)
-            starts = self._others.get(ident, [])
-            start = starts.pop()
-            if not starts:
-                del self._others[ident]
+        starts = self._starts if ident == self._owner else self._others.get(ident)
+        if not starts:  # no open entry in this thread: an unmatched exit
+            raise unmatched_exit(self.name, self._others, self._owner, bool(self._starts))
+        start = starts.pop()
+        if not starts and ident != self._owner:  # another thread's own stack, emptied
+            del self._others[ident]
         s = _S._active
         if start.__class__ is float:  # entered by the fast region
             if s is not None and not starts:  # (inside an entry of its name: in its time)
@@ -225,71 +222,10 @@ class _Region:
     def __call__(self, fn: F) -> F:
         if isinstance(fn, (staticmethod, classmethod)):  # written above @staticmethod
             return type(fn)(self(fn.__func__))  # type: ignore[return-value]
-        _check_decorated(self.name, fn)
-        name = self.name
-        if inspect.isgeneratorfunction(fn):
-            return _timed_generator(name, fn)  # type: ignore[return-value]
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with profile_region(name):
-                return fn(*args, **kwargs)
-
-        return wrapper  # type: ignore[return-value]
+        return decorate(self.name, fn, profile_region)  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         return f"tk.profile_region({self.name!r})"
-
-
-def _check_decorated(name: str, fn: Any) -> None:
-    """Refuse what a region cannot time as a function: its calls would be timed, not its work."""
-    fix = f"put `with tk.profile_region({name!r}):` around the work instead"
-    if isinstance(fn, type):
-        raise TypeError(f"profile_region({name!r}) decorates a function, got the class "
-                        f"{fn.__qualname__}: it would become a function timing only its "
-                        f"construction; decorate the method to time (e.g. its forward), or {fix}")
-    if not callable(fn):
-        raise TypeError(f"profile_region({name!r}) decorates a function, got {fn!r}")
-    torch = sys.modules.get("torch")  # a model exists only once torch is imported
-    if torch is not None and isinstance(fn, torch.nn.Module):
-        raise TypeError(f"profile_region({name!r}) decorates a function, got the model "
-                        f"{type(fn).__name__}(...): it would become a function calling it, "
-                        f"without its .parameters(), .to() or state_dict(); decorate the "
-                        f"method of its class (@tk.profile_region({name!r}) above "
-                        f"def forward), or {fix}")
-    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
-        raise TypeError(f"profile_region({name!r}) decorates a plain function, got the async "
-                        f"function {getattr(fn, '__qualname__', fn)!r}: a call only creates its "
-                        f"coroutine, so nothing of its work would be timed; {fix}")
-
-
-def _timed_generator(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A generator function decorated: each resumption is timed (the work making each item),
-    not the creation of the generator, nor what its consumer does between items."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        gen = fn(*args, **kwargs)
-        sent: Any = None
-        thrown: Optional[BaseException] = None
-        try:
-            while True:
-                with profile_region(name):
-                    if thrown is None:
-                        item = gen.send(sent)
-                    else:
-                        item, thrown = gen.throw(thrown), None
-                try:
-                    sent = yield item
-                except GeneratorExit:
-                    gen.close()
-                    raise
-                except BaseException as exc:  # thrown in by the consumer: on to the generator
-                    thrown, sent = exc, None
-        except StopIteration as stop:
-            return stop.value
-
-    return wrapper
 
 
 def _step_of(s: Any, start: float) -> int:

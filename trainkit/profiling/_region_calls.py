@@ -1,0 +1,109 @@
+"""``profile_region`` as a decorator, and what an exit without its entry says.
+
+Split from :mod:`.regions`, whose hot path this is not: a decorated function's call enters its
+region by name (``region_of(name)``, :func:`.regions.profile_region`), as a ``with`` would.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import threading
+from typing import Any, Callable, Dict, List, Optional
+
+F = Callable[..., Any]
+
+
+def decorate(name: str, fn: Any, region_of: Callable[[str], Any]) -> Any:
+    """``@tk.profile_region(name)`` above ``fn``: each call timed (each resumption of a
+    generator function's generator); what a region cannot time as a function is refused."""
+    _check_decorated(name, fn)
+    if inspect.isgeneratorfunction(fn):
+        return _timed_generator(name, fn, region_of)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with region_of(name):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _check_decorated(name: str, fn: Any) -> None:
+    """Refuse what a region cannot time as a function: its calls would be timed, not its work."""
+    fix = f"put `with tk.profile_region({name!r}):` around the work instead"
+    if isinstance(fn, type):
+        raise TypeError(f"profile_region({name!r}) decorates a function, got the class "
+                        f"{fn.__qualname__}: it would become a function timing only its "
+                        f"construction; decorate the method to time (e.g. its forward), or {fix}")
+    if not callable(fn):
+        raise TypeError(f"profile_region({name!r}) decorates a function, got {fn!r}")
+    torch = sys.modules.get("torch")  # a model exists only once torch is imported
+    if torch is not None and isinstance(fn, torch.nn.Module):
+        raise TypeError(f"profile_region({name!r}) decorates a function, got the model "
+                        f"{type(fn).__name__}(...): it would become a function calling it, "
+                        f"without its .parameters(), .to() or state_dict(); decorate the "
+                        f"method of its class (@tk.profile_region({name!r}) above "
+                        f"def forward), or {fix}")
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TypeError(f"profile_region({name!r}) decorates a plain function, got the async "
+                        f"function {getattr(fn, '__qualname__', fn)!r}: a call only creates its "
+                        f"coroutine, so nothing of its work would be timed; {fix}")
+
+
+def _timed_generator(name: str, fn: F, region_of: Callable[[str], Any]) -> F:
+    """A generator function decorated: each resumption is timed (the work making each item),
+    not the creation of the generator, nor what its consumer does between items."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        gen = fn(*args, **kwargs)
+        sent: Any = None
+        thrown: Optional[BaseException] = None
+        try:
+            while True:
+                with region_of(name):
+                    if thrown is None:
+                        item = gen.send(sent)
+                    else:
+                        item, thrown = gen.throw(thrown), None
+                try:
+                    sent = yield item
+                except GeneratorExit:
+                    gen.close()
+                    raise
+                except BaseException as exc:  # thrown in by the consumer: on to the generator
+                    thrown, sent = exc, None
+        except StopIteration as stop:
+            return stop.value
+
+    return wrapper
+
+
+
+
+def unmatched_exit(name: str, others: Dict[int, List[Any]], owner: int,
+                   owner_open: bool) -> IndexError:
+    """The error of an exit of region ``name`` with no open entry in this thread. ``others``:
+    the other threads' open entries by ident, ``owner``/``owner_open``: the thread owning the
+    fast stack and whether an entry of its is open. Says where an open entry is, if any: a
+    ``with`` around a ``yield``, in a generator resumed in another thread, exits in a thread
+    that did not enter it."""
+    threads = {t.ident: t.name for t in threading.enumerate()}
+
+    def called(ident: int) -> str:
+        return repr(threads[ident]) if ident in threads else f"ident {ident}"
+
+    here = threading.get_ident()
+    where = [called(i) for i, starts in others.items() if starts and i != here]
+    if owner_open and owner != here:
+        where.insert(0, called(owner))
+    msg = (f"profile_region({name!r}): exited in thread {called(here)}, which has no open "
+           f"entry of it (an __exit__ without its __enter__)")
+    if where:
+        msg += (f"; it is open in thread {', '.join(where)}. A region is timed per thread: a "
+                f"`with tk.profile_region({name!r}):` around a `yield`, in a generator resumed "
+                f"in another thread, exits where it did not enter. Decorate the generator "
+                f"function with @tk.profile_region({name!r}) instead (each resumption is timed "
+                f"in its own thread), or keep the `with` between two yields")
+    return IndexError(msg)
