@@ -29,10 +29,15 @@ _NONE: tuple = ()  # cached on a patched loader whose source holds no DataLoader
 def find_dataloader(obj: Any, depth: int = 4) -> Any:
     """The ``torch.utils.data.DataLoader`` that ``obj`` is or wraps (``depth`` wrappers deep),
     or None. Wrappers are looked into through their instance attributes only (no
-    ``__getattr__`` runs, nothing is imported: accelerate need not be installed)."""
+    ``__getattr__`` runs, nothing is imported: accelerate need not be installed). A patched
+    loader in a wrapper is not (a DataLoader to isinstance): its own pass records its loader."""
     from torch.utils.data import DataLoader
 
+    from .loader import PatchedLoader
+
     for _ in range(depth + 1):
+        if isinstance(obj, PatchedLoader):
+            return None
         d = getattr(obj, "__dict__", None)
         d = d if isinstance(d, dict) else {}
         inner = d.get("base_dataloader")

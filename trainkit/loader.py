@@ -25,10 +25,17 @@ _S = importlib.import_module(__package__ + ".session")
 class PatchedLoader:
     """An iterable that records data wait and items per batch; everything else is the source's.
 
+    Its ``__class__`` is the source's, as a ``wrapt.ObjectProxy``'s is: ``isinstance(loader,
+    DataLoader)`` (``list``, ...) answers as on the source, so user code that asks it before
+    ``loader.sampler.set_epoch(epoch)`` runs. ``type(loader)`` is the wrapper, and
+    ``isinstance(loader, PatchedLoader)`` holds (``tk.patch`` and ``tk.unpatch`` ask it).
+    Pickling and copies give a patched loader (of a copy of the source).
+
     Example::
 
         loader = tk.patch(DataLoader(ds, batch_size=64))
         len(loader); loader.dataset   # as on the DataLoader
+        isinstance(loader, DataLoader)   # True; type(loader) is SizedPatchedLoader
     """
 
     def __init__(self, source: Any, original: Any = None) -> None:
@@ -200,6 +207,17 @@ class PatchedLoader:
         else:
             delattr(self.source, name)
 
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # isinstance() asks it when type(self) is not the class
+        d = self.__dict__
+        return d["source"].__class__ if "source" in d else type(self)  # (unpickling: no source yet)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # By type(self): object's own checks __class__ (pickle refused the source's: "args[0]
+        # from __newobj__ args has the wrong class"; protocols 0 and 1 made an object of it).
+        getstate = getattr(type(self), "__getstate__", None)  # (Python 3.11 on: object's)
+        return _new, (type(self),), (dict(self.__dict__) if getstate is None else getstate(self))
+
     def __copy__(self) -> "PatchedLoader":
         # As unpatched: the patch of the source's own copy (copy.copy(itertools.cycle(...)) goes
         # on independently of the original, a list's copy is a new list). Copied by default, the
@@ -214,6 +232,11 @@ class PatchedLoader:
 
     def __repr__(self) -> str:
         return f"trainkit.patch({self.source!r})"
+
+
+def _new(cls: type) -> Any:
+    """A patched loader of class ``cls`` whose state is set next (unpickling, deepcopy)."""
+    return object.__new__(cls)
 
 
 def _enclosing(outer: Any, s: Any) -> Any:
