@@ -14,7 +14,8 @@ class ItemsCounter:
     one, in tuples, lists, deques, ``UserList``, mappings, dataclasses and ``SimpleNamespace``; 1
     for a batch of 0-d tensors only) or None for a batch without tensors. A ``PackedSequence``
     counts its sequences (``batch_sizes[0]``), not the time steps of all of them that its data's
-    first dimension holds.
+    first dimension holds. An empty batch (a first tensor of size 0) is 0 items, which its step
+    records: a samples/s of 0 (:func:`trainkit._steps.derive`), not a point left out.
 
     A 0-d tensor (a step index, a scalar target) is no count of items, so it is passed over.
     A batch of per-sample records, not collated into tensors, is counted by its records: a list

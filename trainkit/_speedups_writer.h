@@ -18,37 +18,31 @@ static PyObject *derive(PyObject *values) {
             Py_DECREF(items);
             return NULL;
         }
-        int truth = PyObject_IsTrue(items);
-        if (truth < 0) {
+        /* 0 too (empty batches): a rate of 0, not a point left out */
+        PyObject *step_ms = PyDict_GetItemWithError(values, STEP_TIME);
+        int t2 = step_ms ? PyObject_IsTrue(step_ms) : (PyErr_Occurred() ? -1 : 0);
+        if (t2 < 0) {
             Py_DECREF(items);
             return NULL;
         }
-        if (truth) {
-            PyObject *step_ms = PyDict_GetItemWithError(values, STEP_TIME);
-            int t2 = step_ms ? PyObject_IsTrue(step_ms) : (PyErr_Occurred() ? -1 : 0);
-            if (t2 < 0) {
+        if (t2) {
+            PyObject *rate;
+            if (PyFloat_CheckExact(items) && PyFloat_CheckExact(step_ms)) {
+                rate = PyFloat_FromDouble(PyFloat_AS_DOUBLE(items) /
+                                          (PyFloat_AS_DOUBLE(step_ms) / 1e3));
+            } else {
+                Py_INCREF(step_ms);
+                PyObject *sec = PyNumber_TrueDivide(step_ms, thousand);
+                Py_DECREF(step_ms);
+                rate = sec ? PyNumber_TrueDivide(items, sec) : NULL;
+                Py_XDECREF(sec);
+            }
+            if (!rate || PyDict_SetItem(values, SAMPLES_PER_S, rate) < 0) {
+                Py_XDECREF(rate);
                 Py_DECREF(items);
                 return NULL;
             }
-            if (t2) {
-                PyObject *rate;
-                if (PyFloat_CheckExact(items) && PyFloat_CheckExact(step_ms)) {
-                    rate = PyFloat_FromDouble(PyFloat_AS_DOUBLE(items) /
-                                              (PyFloat_AS_DOUBLE(step_ms) / 1e3));
-                } else {
-                    Py_INCREF(step_ms);
-                    PyObject *sec = PyNumber_TrueDivide(step_ms, thousand);
-                    Py_DECREF(step_ms);
-                    rate = sec ? PyNumber_TrueDivide(items, sec) : NULL;
-                    Py_XDECREF(sec);
-                }
-                if (!rate || PyDict_SetItem(values, SAMPLES_PER_S, rate) < 0) {
-                    Py_XDECREF(rate);
-                    Py_DECREF(items);
-                    return NULL;
-                }
-                Py_DECREF(rate);
-            }
+            Py_DECREF(rate);
         }
         Py_DECREF(items);
     } else if (PyErr_Occurred())

@@ -37,7 +37,7 @@ def derive(values: Dict[str, float]) -> Dict[str, float]:
     out = values
     values.pop(STEP_END, None)
     items = values.pop(ITEMS, None)
-    if items:
+    if items is not None:  # 0 too (empty batches): a rate of 0, not a point left out
         step_ms = values.get(STEP_TIME)
         if step_ms:
             out[SAMPLES_PER_S] = items / (step_ms / 1e3)
