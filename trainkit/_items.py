@@ -8,6 +8,8 @@ import types
 from collections.abc import Mapping
 from typing import Any, Iterator, List, Optional, Tuple
 
+from . import _items_other
+
 
 class ItemsCounter:
     """``counter(batch)``: the items in a batch (the first dimension of its first tensor that has
@@ -15,7 +17,10 @@ class ItemsCounter:
     for a batch of 0-d tensors only) or None for a batch without tensors. A ``PackedSequence``
     counts its sequences (``batch_sizes[0]``), not the time steps of all of them that its data's
     first dimension holds. An empty batch (a first tensor of size 0) is 0 items, which its step
-    records: a samples/s of 0 (:func:`trainkit._steps.derive`), not a point left out.
+    records: a samples/s of 0 (:func:`trainkit._steps.derive`), not a point left out. A batch
+    with no tensor is counted by its first numpy array with a dimension (a ``collate_fn`` that
+    returns numpy), or its first list or tuple of strings (text left uncollated), found in the
+    same order (:mod:`trainkit._items_other`); else None.
 
     A 0-d tensor (a step index, a scalar target) is no count of items, so it is passed over.
     A batch of per-sample records, not collated into tensors, is counted by its records: a list
@@ -55,7 +60,7 @@ class ItemsCounter:
     per batch).
     """
 
-    __slots__ = ("tensor", "path", "first", "records", "element")
+    __slots__ = ("tensor", "path", "first", "records", "element", "other")
 
     def __init__(self) -> None:
         import torch
@@ -69,6 +74,9 @@ class ItemsCounter:
         #: ``element`` (a Mapping: records; a tensor: samples).
         self.records: Optional[List[Any]] = None
         self.element: type = Mapping
+        #: what ``path`` leads to in a batch without tensors (``numpy.ndarray``, or ``str`` for
+        #: a list of strings); None: to a tensor
+        self.other: Optional[type] = None
 
     def __call__(self, batch: Any) -> Optional[int]:
         if self.records is not None:
@@ -100,9 +108,18 @@ class ItemsCounter:
                 return int(node.size(0))  # a strided nested tensor has no .shape
             if isinstance(node, _packed()):
                 return _sequences(node)
+            if self.other is not None:  # a batch without tensors (read after the tensor's)
+                n = _items_other.count(batch, self.path, self.other, _step)
+                if n is not None:
+                    return n
         found = _find_tensor(batch)
-        if found is None:
-            return None
+        if found is None:  # numpy arrays, or strings?
+            other = _items_other.find(batch, _children)
+            if other is None:
+                return None
+            self.path, self.other, n = other
+            self.first = False
+            return n
         if isinstance(found[1], self.tensor) and found[1].dim() > 0:
             read = _samples_or_views(batch, *found)
             if read is not None and read[0]:  # unbatched samples: the list's length counts
@@ -112,6 +129,7 @@ class ItemsCounter:
             if read is not None:  # a tensor beside the list, as long as it
                 found = read[1], read[2]
         self.path, tensor = found
+        self.other = None
         if isinstance(tensor, _packed()):
             self.first = False
             return _sequences(tensor)
@@ -273,6 +291,10 @@ def _find_tensor(batch: Any) -> Optional[Tuple[List[Any], Any]]:
 class _Field(str):
     """A path key that is a dataclass field's (or a ``SimpleNamespace``'s) name, read with
     ``getattr`` (a dict's, with [])."""
+
+
+def _step(node: Any, key: Any) -> Any:
+    return getattr(node, key) if key.__class__ is _Field else node[key]
 
 
 _SEQUENCES = (tuple, list, collections.deque, collections.UserList)
