@@ -39,6 +39,7 @@ from .tracesessions import redone_from, trace_sessions
 
 if TYPE_CHECKING:
     from .reader import EventReader
+    from .series import Series
 
 #: The text summaries a run's reader keeps (:attr:`Run.meta`).
 META = PREFIX + "meta/"
@@ -101,6 +102,16 @@ class Run:
         if isinstance(points, Points):  # from its arrays: no tuple made per point
             return dict(zip(points.steps, points.values))
         return dict(points)
+
+    def series(self, tag: str) -> "Series":
+        """:meth:`values` as two numpy arrays sorted by step (:class:`.series.Series`), views of
+        the points' where their steps increase: what the analysis reads (a dict of a
+        1,000,000-step tag takes ~0.1 s and ~100 MB)."""
+        from .series import Series
+
+        points = self.scalars.get(tag)
+        return Series.of(points if points is None or isinstance(points, Points)
+                         else Points.of(points))
 
     def replaced(self, trace: str, steps: Sequence[int]) -> bool:
         """Whether a later session counted again steps the trace ``trace`` holds (``steps``,
