@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from trainkit.profiling import series
+from trainkit.profiling.analyzers.loaders import _rounds
 from trainkit.profiling.points import Points
 from trainkit.profiling.runs import Run
 
@@ -56,6 +57,17 @@ def test_the_mean_of_infinities_is_statistics_own():
     assert series.mean(np.array([1.0, float("inf")])) == float("inf")
     with pytest.raises(statistics.StatisticsError):
         series.median(np.array([]))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7])
+def test_rounds_are_the_sums_of_the_groups_of_the_list(n):
+    rng = random.Random(n)
+    for m in [0, 1, n - 1, n, n + 1, 5 * n, 5 * n + 1, 101]:
+        values = [rng.random() * 30 for _ in range(m)]
+        groups = [sum(values[i:i + n]) for i in range(0, len(values), n)]
+        if len(groups) > 1 and len(values) % n:
+            groups.pop()
+        assert _rounds(np.array(values), n).tolist() == (groups or [0.0])
 
 
 def test_a_tags_series_is_its_values_dict_sorted_by_step():

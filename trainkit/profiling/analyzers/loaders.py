@@ -22,11 +22,11 @@ import dataclasses
 import json
 import math
 import os
-import statistics
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..._loaderinfo import META_LOADER, PASSES
-from ...recorder import DATA_WAIT, H2D_MS, H2D_PINNED_PCT, PREFIX, STEP_TIME, UPDATE_MS
+from ...recorder import DATA_WAIT, H2D_MS, H2D_PINNED_PCT, PREFIX, UPDATE_MS
+from ..series import Series, fmean, median, total
 
 CPU_PERCENT = PREFIX + "system/cpu_percent"
 
@@ -77,7 +77,8 @@ def recorded(run: Any) -> List[Loader]:
         except ValueError:  # not one of ours, or a newer format: the advice stays general
             continue
         if isinstance(settings, dict):
-            out.append(Loader(index, settings, tuple(sorted(run.values(PASSES.format(index))))))
+            passes = run.series(PASSES.format(index)).steps.tolist()  # sorted, each once
+            out.append(Loader(index, settings, tuple(passes)))
     return sorted(out, key=lambda l: l.index)
 
 
@@ -87,13 +88,13 @@ def feeding(run: Any) -> List[Loader]:
     every one. Empty when the training's own loader was not recorded."""
     loaders = recorded(run)
     train = [l for l in loaders if l.settings.get("role") == "train"]
-    if train or run.values(UPDATE_MS):
+    if train or run.scalars.get(UPDATE_MS):
         return train
     return loaders
 
 
-def _median(values: List[float]) -> float:
-    return statistics.median(values) if values else 0.0
+def _median(values: Any) -> float:
+    return median(values) if len(values) else 0.0
 
 
 def advice(st: Any) -> Tuple[str, str]:
@@ -133,13 +134,19 @@ def _merge(group: List[Loader]) -> Loader:
 def _one(st: Any, loader: Loader, every: List[Loader], *, named: bool,
          anew: List[Loader]) -> Tuple[str, str]:
     """``anew``: the loaders ``loader`` stands for (one, or one DataLoader made anew each pass)."""
-    run, s = st.run, loader.settings
-    waits, times = run.values(DATA_WAIT), run.values(STEP_TIME)
+    import numpy as np
+
+    s = loader.settings
     # The steady steps: timed ones outside any loader's start of a pass: what a batch costs.
+    # Their waits and times, in step order (numpy arrays: a run may have a million steps)
     starting = {k for l in every for k in _starts(l)}
-    steady = [k for k in st.steps if k not in starting] or list(st.steps)
-    wait = _median([waits.get(k, 0.0) for k in steady])
-    compute = _median([max(0.0, times[k] - waits.get(k, 0.0)) for k in steady if k in times])
+    steady = ~np.isin(st.steps, np.fromiter(starting, np.int64, len(starting)))
+    if not steady.any():
+        steady[:] = True
+    waits, times = st.at(DATA_WAIT)[steady], st.times[steady]
+    wait = _median(waits)
+    spent = times - waits
+    compute = _median(np.where(spent > 0.0, spent, 0.0))  # max(0.0, spent) of each
     workers = int(s.get("num_workers") or 0)
     evidence = [f"the steps were fed by {loader.describe()}"]
     if len(anew) > 1:
@@ -154,7 +161,7 @@ def _one(st: Any, loader: Loader, every: List[Loader], *, named: bool,
     # the others (no workers, one indexing a batch)
     in_memory = bool(s.get("in_memory")) and bool(workers or wait >= HANDOVER_MS)
     others = {p for l in every if l.index != loader.index for p in l.passes}
-    startup = _startup(loader, waits, others, wait)
+    startup = _startup(loader, st.series(DATA_WAIT), others, wait)
     if workers and startup is not None and (len(anew) > 1 or not s.get("persistent_workers")):
         per_pass, used, mixed = startup
         restarts = len(loader.passes) - 1
@@ -175,8 +182,7 @@ def _one(st: Any, loader: Loader, every: List[Loader], *, named: bool,
         elif not in_memory:
             fixes.append(f"DataLoader(..., persistent_workers=True): the workers then start "
                          f"once, {saving}")
-    steady_share = (sum(waits.get(k, 0.0) for k in steady)
-                    / max(1e-9, sum(times.get(k, 0.0) for k in steady)))
+    steady_share = total(waits) / max(1e-9, total(times))
     if in_memory:
         fixes.append(_in_memory(s, workers, wait))
     elif not workers and wait < HANDOVER_MS:
@@ -195,11 +201,11 @@ def _one(st: Any, loader: Loader, every: List[Loader], *, named: bool,
         # median step then says ~0 ms, a burst, where the workers simply fall short (with 2, on
         # either side from run to run). Summed over each w steps in a row, a steady shortfall
         # waits alike in every round, and only bursts of slow batches leave rounds apart.
-        rounds = _rounds([waits.get(k, 0.0) for k in sorted(steady)], workers)
-        wait_r, mean_r = _median(rounds) / workers, statistics.fmean(rounds) / workers
+        rounds = _rounds(waits, workers)
+        wait_r, mean_r = _median(rounds) / workers, fmean(rounds) / workers
         if (steady_share >= 0.10 and wait_r >= HANDOVER_MS) or not fixes:
-            fixes.append(_steady(run, s, workers, wait_r, mean_r, compute))
-    pin = _pin(run, s)
+            fixes.append(_steady(st, s, workers, wait_r, mean_r, compute))
+    pin = _pin(st, s)
     if pin:
         fixes.append(pin)
     return who + "; ".join(evidence), who + "; ".join(fixes)
@@ -239,12 +245,19 @@ def _one_indexing(batch: Any) -> str:
             f"tensors by torch.randperm yourself")
 
 
-def _rounds(values: List[float], n: int) -> List[float]:
-    """Sums of ``n`` values in a row (the last, shorter group left out when there are others)."""
-    groups = [sum(values[i:i + n]) for i in range(0, len(values), n)]
-    if len(groups) > 1 and len(values) % n:
-        groups.pop()
-    return groups or [0.0]
+def _rounds(values: Any, n: int) -> Any:
+    """Sums of ``n`` values in a row (the last, shorter group left out when there are others),
+    each added left to right (as ``sum`` of the group's list did before Python 3.12, which
+    compensates), a numpy array."""
+    import numpy as np
+
+    rows = len(values) // n
+    if not rows:  # one group, shorter
+        return np.array([total(values) if len(values) else 0.0])
+    sums = np.zeros(rows)
+    for i in range(n):  # the groups' i-th values, all groups at once
+        sums += values[i:rows * n:n]
+    return sums
 
 
 def _starts(loader: Loader) -> List[int]:
@@ -254,28 +267,32 @@ def _starts(loader: Loader) -> List[int]:
     return [p + i for p in loader.passes for i in range(n)]
 
 
-def _startup(loader: Loader, waits: Dict[int, float], others: set,
+def _startup(loader: Loader, waits: Series, others: set,
              wait: float) -> Optional[Tuple[float, int, bool]]:
     """Worker start-up per pass: the median, over its passes, of the waits of a pass's first
     steps beyond the steady median ``wait`` (from the passes that began in no step where
     another loader's did, where there are some), how many passes that is from, and whether those
     steps held another loader's pass. None below a cost worth a finding, or with one pass
     (nothing to keep the workers for)."""
+    import numpy as np
+
     if len(loader.passes) < 2:
         return None
     n = max(1, int(loader.settings.get("num_workers") or 0))
     ends = list(loader.passes[1:]) + [None]
     clean = [p for p in loader.passes if p not in others]
     used = clean or list(loader.passes)
-    per_pass = _median([sum(max(0.0, waits.get(k, 0.0) - wait)
-                            for k in range(p, p + n) if end is None or k < end)
-                        for p, end in zip(loader.passes, ends) if p in used])
+    firsts = [range(p, p + n if end is None else min(p + n, end))
+              for p, end in zip(loader.passes, ends) if p in used]
+    ks = sorted({k for r in firsts for k in r})
+    at = dict(zip(ks, waits.at(np.array(ks, np.int64)).tolist()))  # the waits of those steps
+    per_pass = _median([sum(max(0.0, at[k] - wait) for k in r) for r in firsts])
     if per_pass < max(STARTUP_MIN_MS, STARTUP_RATIO * wait):
         return None
     return per_pass, len(used), not clean
 
 
-def _steady(run: Any, s: Dict[str, Any], workers: int, wait: float, mean_wait: float,
+def _steady(st: Any, s: Dict[str, Any], workers: int, wait: float, mean_wait: float,
             compute: float) -> str:
     """The fix for workers that cannot keep up, from the steady steps' numbers: ``wait`` and
     ``mean_wait`` are a step's wait averaged over each round of the workers (``workers`` steps
@@ -295,7 +312,8 @@ def _steady(run: Any, s: Dict[str, Any], workers: int, wait: float, mean_wait: f
                 f"workers or prefetching do not shorten it")
     cores = os.cpu_count() or 1
     need = math.ceil(per_batch / compute) if compute > 0 else None
-    cpu = _median(list(run.values(CPU_PERCENT).values())) if run.values(CPU_PERCENT) else None
+    busy = st.series(CPU_PERCENT).values
+    cpu = _median(busy) if len(busy) else None
     how = (f"each of the {workers} workers takes ~{per_batch:.1f} ms a batch{sample} "
            f"({workers} x ({compute:.2f} ms of step without the wait + {wait:.2f} ms of wait))")
     if need is not None and need <= cores and (cpu is None or cpu < 85.0):
@@ -310,16 +328,16 @@ def _steady(run: Any, s: Dict[str, Any], workers: int, wait: float, mean_wait: f
             f"once and cache, load smaller inputs, or augment on the GPU")
 
 
-def _pin(run: Any, s: Dict[str, Any]) -> str:
+def _pin(st: Any, s: Dict[str, Any]) -> str:
     """``pin_memory=True`` where the loader does not pin and trainkit's copies went to a GPU
     mostly from pageable memory."""
-    copies = run.values(H2D_MS)
-    if s.get("pin_memory") or not copies:
+    copies = st.series(H2D_MS).values
+    if s.get("pin_memory") or not len(copies):
         return ""
-    pinned = list(run.values(H2D_PINNED_PCT).values())
-    pct = statistics.fmean(pinned) if pinned else 0.0
+    pinned = st.series(H2D_PINNED_PCT).values
+    pct = fmean(pinned) if len(pinned) else 0.0
     if pct >= 90.0:  # pinned some other way (x.pin_memory() in the loop)
         return ""
     return (f"DataLoader(..., pin_memory=True): its batches are in pageable memory "
             f"({pct:.0f}% of the bytes tk.to_device copied were pinned), and copying them to the "
-            f"GPU takes a median {_median(list(copies.values())):.2f} ms a step")
+            f"GPU takes a median {_median(copies):.2f} ms a step")

@@ -125,7 +125,7 @@ def _optimizer_fix(st: "Steps") -> str:
     """The fix for TA104, for what the run already does: a closure optimizer, a fused update, a
     compiled step, an optimizer already on the multi-tensor update that has no fused one (or
     one the run's torch refuses)."""
-    if st.run.values(CLOSURE_MS):
+    if st.run.scalars.get(CLOSURE_MS):
         return ("the update between closure calls dominates (LBFGS: max_iter, history_size and "
                 "line_search_fn set its work); time the closure apart with a profiler, and consider "
                 "fewer iterations per step or a first-order optimizer if the loss allows")
@@ -142,7 +142,7 @@ def _optimizer_fix(st: "Steps") -> str:
                 f"and its optimizer state each step, so spread it over more samples (a larger "
                 f"batch, or tk.accumulate(n, optimizer) to step once every n batches) or train "
                 f"fewer parameters")
-    if st.run.values(COMPILE_SECONDS):
+    if st.run.scalars.get(COMPILE_SECONDS):
         use = f"use {faster}, " if faster else "use "
         return (f"the step is already compiled: {use}fewer and larger parameter tensors, or "
                 f"compile mode='max-autotune'; on a CPU the update is memory-bound and scales "

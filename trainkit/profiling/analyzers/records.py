@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import datetime
-import statistics
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ...recorder import (AMP_SKIPPED, COMPILE_RECOMPILES, COMPILE_SECONDS, DATA_WAIT,
                          GC_FULL, GC_MS, H2D_MS, H2D_PINNED_PCT, PREFIX, SAMPLES_PER_S, STEP_TIME,
                          UPDATE_MS)
 from ..finding import Finding, severity_for
 from ..runs import Run
+from ..series import Series, argmax, fewest_holding, mean, median, positive, total
 from .loaders import advice as loader_advice
 from .optimizer_fix import _names, _optimizer_fix, _optimizers
 
@@ -23,69 +23,103 @@ class Steps:
     so are steps that compiled, whose update and step time hold seconds of torch.compile, when
     others are left: TA105 reports recompiles).
 
+    The steps, their times and each tag's values at them are numpy arrays
+    (:mod:`trainkit.profiling.series`): a tag of a 1,000,000-step run read as a ``step -> value``
+    dict took ~100 MB and ~0.1 s, and the rules read one per tag, TA101 its two again. The
+    statistics taken of them are those the rules took of lists of floats.
+
     Example::
 
         st = Steps(run); st.share(DATA_WAIT)
     """
 
     def __init__(self, run: Run) -> None:
+        import numpy as np
+
         self.run = run
-        times = run.values(STEP_TIME)
-        steps = sorted(s for s, v in times.items() if v > 0)
-        compiled = run.values(COMPILE_SECONDS)
-        steps = [s for s in steps if s not in compiled] or steps
-        self.steps = steps[1:] if len(steps) > 3 else steps
-        self.times = [times[s] for s in self.steps]
-        self.total_ms = sum(self.times)
-        # per tag, its values at the timed steps: the rules and the breakdown ask for the same
-        # few tags again and again (data wait 5 times), and each ask built a step -> value dict
-        # of the whole run (a third of the analysis of a 100,000-step run, after reading it)
+        # per tag, its points and its values at the timed steps: the rules and the breakdown ask
+        # for the same few tags again and again (data wait 5 times)
+        self._series: Dict[str, Series] = {}
+        self._at: Dict[str, Any] = {}
         self._per_step: Dict[str, List[float]] = {}
+        self._sums: Dict[str, float] = {}
+        times = self.series(STEP_TIME)
+        steps, values = times.steps, times.values  # views of the run's points, where they can
+        timed = values > 0
+        if not timed.all():
+            steps, values = steps[timed], values[timed]
+        compiled = self.series(COMPILE_SECONDS).steps
+        if len(compiled):
+            kept = ~np.isin(steps, compiled)
+            if kept.any() and not kept.all():
+                steps, values = steps[kept], values[kept]
+        first = 1 if len(steps) > 3 else 0
+        #: the timed steps, increasing (an int64 numpy array)
+        self.steps = steps[first:]
+        #: their step times (ms; a float64 numpy array)
+        self.times = values[first:]
+        self.total_ms = total(self.times)
 
     def __len__(self) -> int:
         return len(self.steps)
 
+    def series(self, tag: str) -> Series:
+        """The tag's ``step -> value`` (:meth:`.runs.Run.series`), read once."""
+        got = self._series.get(tag)
+        if got is None:
+            got = self._series[tag] = self.run.series(tag)
+        return got
+
+    def at(self, tag: str) -> Any:
+        """The tag's value at each timed step (0 where it was not recorded), a float64 numpy
+        array; the same one for the same tag, not to be changed."""
+        got = self._at.get(tag)
+        if got is None:
+            got = self._at[tag] = self.series(tag).at(self.steps)
+        return got
+
     def per_step(self, tag: str) -> List[float]:
-        """The tag's value at each timed step (0 where it was not recorded); the same list for
-        the same tag, not to be changed."""
+        """:meth:`at` as a list of floats; the same list for the same tag, not to be changed."""
         got = self._per_step.get(tag)
         if got is None:
-            values = self.run.values(tag)
-            got = self._per_step[tag] = [values.get(s, 0.0) for s in self.steps]
+            got = self._per_step[tag] = self.at(tag).tolist()
+        return got
+
+    def sum(self, tag: str) -> float:
+        """Sum of the tag over the timed steps (in step order)."""
+        got = self._sums.get(tag)
+        if got is None:
+            got = self._sums[tag] = total(self.at(tag))
         return got
 
     def share(self, tag: str) -> float:
         """Sum of the tag over the timed steps, as a fraction of their total time."""
-        return sum(self.per_step(tag)) / self.total_ms if self.total_ms > 0 else 0.0
+        return self.sum(tag) / self.total_ms if self.total_ms > 0 else 0.0
 
     def median_ms(self) -> float:
-        return statistics.median(self.times)
+        return median(self.times)
 
     def describe(self, tag: str) -> str:
-        per = self.per_step(tag)
+        per = self.at(tag)
         n = len(per)
-        on = sum(1 for v in per if v > 0)
-        total = sum(per)
-        if on == n and statistics.median(per) * n >= total / 2:
-            part = statistics.median(per)
+        on = positive(per)
+        whole = self.sum(tag)
+        part = median(per) if on == n else 0.0
+        if on == n and part * n >= whole / 2:
             return (f"median {part:.2f} ms of a median {self.median_ms():.2f} ms step, "
                     f"over {len(self)} steps")
         # Recorded on some steps only (a batch feeding several steps: a GAN's critic stepping
         # twice per batch has the batch's wait on every other step), or most of it on a few
         # steps (a stall: workers started again each epoch): medians would say 0 ms of a step
         # whichever share it takes, so the means, whose ratio is the share.
-        said = (f"{total / n:.2f} ms of a {self.total_ms / n:.2f} ms step on average, over "
+        said = (f"{whole / n:.2f} ms of a {self.total_ms / n:.2f} ms step on average, over "
                 f"{n} steps")
         if on < n:
             return f"{said}; recorded on {on} of them"
-        longest = max(range(n), key=per.__getitem__)
-        held, k = 0.0, 0
-        for v in sorted(per, reverse=True):  # the fewest steps that hold half of it
-            held, k = held + v, k + 1
-            if held >= total / 2:
-                break
-        return (f"{said}; half of it on {k} of them, the longest {per[longest]:.2f} ms "
-                f"(step {self.steps[longest]})")
+        longest = argmax(per)
+        k = fewest_holding(per, whole / 2)  # the fewest steps that hold half of it
+        return (f"{said}; half of it on {k} of them, the longest {float(per[longest]):.2f} ms "
+                f"(step {int(self.steps[longest])})")
 
 
 def data_loader_bound(st: Steps) -> Optional[Finding]:
@@ -97,15 +131,15 @@ def data_loader_bound(st: Steps) -> Optional[Finding]:
         code="TA101", title="data-loader bound",
         evidence=f"waiting for the next batch takes {share:.0%} of step time "
                  f"({st.describe(DATA_WAIT)}); the device idles meanwhile{more}",
-        share=share, count=sum(1 for v in st.per_step(DATA_WAIT) if v > 0),
+        share=share, count=positive(st.at(DATA_WAIT)),
         fix=fix, severity=severity_for(share))
 
 
 def pageable_copies(st: Steps) -> Optional[Finding]:
-    pinned = [v for v in st.run.values(H2D_PINNED_PCT).values()]
-    if not pinned:
+    pinned = st.series(H2D_PINNED_PCT).values
+    if not len(pinned):
         return None
-    pct = statistics.mean(pinned)
+    pct = mean(pinned)
     if pct >= 90.0:
         return None
     share = st.share(H2D_MS)
@@ -114,14 +148,14 @@ def pageable_copies(st: Steps) -> Optional[Finding]:
         evidence=f"{100 - pct:.0f}% of the bytes copied to the device came from pageable memory "
                  f"(not pinned): such copies are staged by the driver and cannot overlap compute; "
                  f"copies take {share:.0%} of step time",
-        share=share, count=sum(1 for v in pinned if v < 90.0),
+        share=share, count=int((pinned < 90.0).sum()),
         fix=PAGEABLE_FIX, severity=severity_for(share, high=0.2, medium=0.05))
 
 
 def optimizer_dominates(st: Steps) -> Optional[Finding]:
     share = st.share(UPDATE_MS)
     # Below ~0.2 ms per update every part of the step is overhead; a share says nothing there.
-    if share < 0.30 or statistics.median(st.per_step(UPDATE_MS)) < 0.2:
+    if share < 0.30 or median(st.at(UPDATE_MS)) < 0.2:
         return None
     return Finding(
         code="TA104", title="optimizer step dominates",
@@ -131,8 +165,8 @@ def optimizer_dominates(st: Steps) -> Optional[Finding]:
 
 
 def recompiles(st: Steps) -> Optional[Finding]:
-    values = st.run.values(COMPILE_RECOMPILES)
-    n = int(max(values.values())) if values else 0
+    values = st.series(COMPILE_RECOMPILES).values
+    n = int(values.max()) if len(values) else 0
     if n <= 0:
         return None
     return Finding(
@@ -153,9 +187,8 @@ GC_RECURS = 3
 
 def gc_per_step(st: Steps) -> Optional[Finding]:
     n = len(st)
-    full = st.per_step(GC_FULL)
-    with_full = sum(1 for v in full if v > 0)
-    with_gc = sum(1 for v in st.per_step(GC_MS) if v > 0)
+    with_full = positive(st.at(GC_FULL))
+    with_gc = positive(st.at(GC_MS))
     share = st.share(GC_MS)
     # A collection or two in a run is the interpreter's own thresholds met by chance (one full
     # collection of a large heap can outweigh a short run of small steps), not a pattern to fix.
@@ -188,8 +221,10 @@ def no_steps(run: Run) -> Finding:
     The usual cause is a loop trainkit cannot see: no patched optimizer and no patched loader
     (a session alone samples memory and CPU load, and that is all it records).
     """
-    seen = "only 1 step was" if run.values(UPDATE_MS) or run.values(DATA_WAIT) else "no step was"
-    skipped = int(max(run.values(AMP_SKIPPED).values(), default=0))
+    seen = ("only 1 step was" if run.scalars.get(UPDATE_MS) or run.scalars.get(DATA_WAIT)
+            else "no step was")
+    counts = run.series(AMP_SKIPPED).values  # a running count
+    skipped = int(counts.max()) if len(counts) else 0
     if skipped:  # the optimizer is patched and was called: the GradScaler skipped its steps
         return Finding(
             code="TA110", title="no steps recorded",
@@ -280,9 +315,10 @@ def several_sessions(run: Run) -> Optional[Finding]:
 
 def items_per_step(run: Run) -> Optional[float]:
     """The median items (samples) per step, from throughput and step time, or None."""
-    rates, times = run.values(SAMPLES_PER_S), run.values(STEP_TIME)
-    items = [rates[s] * times[s] / 1e3 for s in rates if s in times]
-    return statistics.median(items) if items else None
+    rates, times = run.series(SAMPLES_PER_S), run.series(STEP_TIME)
+    i, found = times.find(rates.steps)  # the steps holding both
+    items = rates.values[found] * times.values[i[found]] / 1e3
+    return median(items) if len(items) else None
 
 
 def findings(st: Steps) -> List[Finding]:
@@ -304,8 +340,8 @@ def breakdown(st: Steps) -> Dict[str, float]:
         return {}
     parts = {"data_wait": DATA_WAIT, "h2d": H2D_MS, "forward": PREFIX + "region/forward_ms",
              "backward": PREFIX + "region/backward_ms", "optimizer": UPDATE_MS}
-    out = {name: sum(st.per_step(tag)) / len(st) for name, tag in parts.items()}
-    total = st.total_ms / len(st)
-    out["other"] = max(0.0, total - sum(out.values()))
-    out["step"] = total
+    out = {name: st.sum(tag) / len(st) for name, tag in parts.items()}
+    step = st.total_ms / len(st)
+    out["other"] = max(0.0, step - sum(out.values()))
+    out["step"] = step
     return out

@@ -85,7 +85,7 @@ class TabData:
         self._lock = threading.Lock()
         self._reports: Dict[str, Tuple[Any, Dict[str, Any]]] = {}
         # run -> a lock held while its report is computed: one analysis of a run at a time (a
-        # run of 1,000,000 steps takes ~11 s and ~0.5 GB to read and analyze, ~1.7 s once read
+        # run of 1,000,000 steps takes ~10 s and ~0.2 GB to read and analyze, ~0.3 s once read
         # and grown by 1,000 steps; a tab reloaded meanwhile started another one, and another,
         # each as large), and the last one computed, as (monotonic time it started, signature
         # it started with, report)
