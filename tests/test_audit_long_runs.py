@@ -66,7 +66,7 @@ def _counting(monkeypatch: Any, module: Any, name: str, *, after: Any = None) ->
 
 def test_a_report_asked_again_reads_no_unchanged_file(run_dir, monkeypatch):
     folder, w = run_dir
-    reads = _counting(monkeypatch, runs_mod, "event_records")
+    reads = _counting(monkeypatch, runs_mod, "parse_file")
     data = tab_data.TabData(str(folder.parent))
     assert data.runs() == ["exp"]
     first = data.report("exp")

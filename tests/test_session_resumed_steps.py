@@ -70,7 +70,7 @@ def test_a_resumed_session_numbers_its_steps_on_from_steps_done(tmp_path):
     SessionLog.START there, and what is logged lands on the resumed steps."""
     from tensorboard.compat.proto import event_pb2
 
-    from trainkit.profiling.runs import event_records
+    from trainkit.profiling.eventfiles import event_records
 
     model = torch.nn.Linear(4, 1)
     opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))

@@ -26,7 +26,7 @@ import pytest
 
 import trainkit as tk
 from trainkit.profiling import analyze as analyze_mod
-from trainkit.profiling import runs
+from trainkit.profiling import eventfiles, runs
 from trainkit.profiling.analyze import analyze_run
 from trainkit.profiling.tracefiles import TraceError, read_trace, read_trace_head
 from trainkit.profiling.tracestats import SESSION_FILE, TRACE_META, recorded_session
@@ -87,7 +87,7 @@ def skew_events(path, seconds):
     from tensorboard.compat.proto import event_pb2
 
     out = []
-    for payload in runs.event_records(path):
+    for payload in eventfiles.event_records(path):
         event = event_pb2.Event.FromString(payload)
         event.wall_time += seconds
         data = event.SerializeToString()

@@ -76,7 +76,7 @@ def test_text_summaries_are_tensorboards_own_bytes(tmp_path, monkeypatch):
     # KeyboardInterrupt, writing its last summaries) turned the exit status -SIGINT into 1.
     from tensorboard.plugins.text.summary_v2 import text_pb
 
-    from trainkit.profiling.runs import event_records
+    from trainkit.profiling.eventfiles import event_records
 
     w = EventFileWriter(str(tmp_path))
     sent = []

@@ -9,7 +9,7 @@ megabytes, so it is read in chunks, not whole.
 from __future__ import annotations
 
 import struct
-from typing import Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional
 
 from ..sinks.tensorboard import masked_crc32c
 
@@ -42,6 +42,26 @@ def event_records(path: str, cursor: Optional[Cursor] = None) -> Iterator[bytes]
     ``cursor``: read from ``cursor.offset`` (the start of a record: where an earlier read
     ended), and move it on past each chunk's complete records as they are handed out.
     """
+    got: List[bytes] = []
+
+    def take(data: bytes) -> int:
+        del got[:]
+        return scan(data, got)
+
+    for _ in chunks_taken(path, take, cursor):
+        yield from got
+
+
+def chunks_taken(path: str, take: Callable[[bytes], int],
+                 cursor: Optional[Cursor] = None) -> Iterator[None]:
+    """Hand ``take`` the event file's bytes in chunks of :data:`_CHUNK`, each beginning with a
+    record (the incomplete one a chunk ended in begins the next); yields after each, and moves
+    ``cursor`` on once resumed (the chunk's records used: :func:`event_records` hands them out
+    first). ``take(data)`` deals with the complete records at the start of ``data`` and returns
+    where the first incomplete one begins (the end of ``data`` where none is), or -1 at a wrong
+    CRC: reading stops there, and ``cursor.broken`` is set (its offset stays where the chunk
+    began). :func:`scan` is the framing; ``ScalarsParse.take`` parses the records too.
+    """
     with open(path, "rb") as fh:
         base = cursor.offset if cursor is not None else 0
         if base:
@@ -50,9 +70,8 @@ def event_records(path: str, cursor: Optional[Cursor] = None) -> Iterator[bytes]
         while True:
             more = fh.read(_CHUNK)
             data = rest + more if rest else more
-            got: List[bytes] = []
-            pos = _scan(data, got)
-            yield from got
+            pos = take(data)
+            yield
             if cursor is not None:
                 if pos < 0:  # the offset stays where the chunk began: never read again
                     cursor.broken = True
@@ -71,11 +90,11 @@ _CHUNK = 4 << 20
 def records_in(data: bytes) -> Iterator[bytes]:
     """The payloads of the complete records at the start of ``data`` (a file's first bytes)."""
     got: List[bytes] = []
-    _scan(data, got)
+    scan(data, got)
     return iter(got)
 
 
-def _scan(data: bytes, out: List[bytes]) -> int:
+def scan(data: bytes, out: List[bytes]) -> int:
     """Put the payloads of ``data``'s complete records into ``out``; returns where the first
     incomplete one begins (the end of ``data`` where none is), or -1 at a wrong CRC."""
     pos, end = 0, len(data)

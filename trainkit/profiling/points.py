@@ -12,7 +12,9 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from itertools import compress
-from typing import Any, Dict, Iterable, Iterator, Optional, Tuple, Union, overload
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union, overload
+
+from .eventfiles import scan
 
 
 def step_array() -> "array[int]":
@@ -149,7 +151,7 @@ class ScalarsParse:
 
         event = None
         start = event_pb2.SessionLog.START
-        new, fresh, meta, prefix = self._new, self._fresh, self.meta, self._prefix
+        new, meta, prefix = self._new, self.meta, self._prefix
         for i, payload in enumerate(payloads):
             if not i & 4095:  # a message parsed into again keeps every parse's memory
                 event = event_pb2.Event()  # (upb's arena): ~0.9 GB of a 1M-step run's 2
@@ -160,8 +162,7 @@ class ScalarsParse:
                     if value.HasField("simple_value"):
                         add = new.get(value.tag)
                         if add is None:
-                            got = fresh[value.tag] = Points(step_array(), value_array())
-                            add = new[value.tag] = (got.steps.append, got.values.append)
+                            add = self._open(value.tag)
                         add[0](step)
                         add[1](value.simple_value)
                     elif meta is not None and value.tag.startswith(prefix) \
@@ -171,6 +172,32 @@ class ScalarsParse:
                 self._join()  # a restart: later steps are orphaned
                 self.points = {tag: points.below(event.step)
                                for tag, points in self.points.items()}
+
+    def _open(self, tag: str) -> Tuple[Any, Any]:
+        """A tag's first point since the last join: its fresh :class:`Points` made, and the
+        appends of its steps and values."""
+        got = self._fresh[tag] = Points(step_array(), value_array())
+        add = self._new[tag] = (got.steps.append, got.values.append)
+        return add
+
+    def take(self, data: bytes) -> int:
+        """Parse the complete records at the start of ``data``, a chunk of an event file
+        (:func:`.eventfiles.chunks_taken` hands them out): :func:`.eventfiles.scan`'s framing,
+        then :meth:`consume`. Returns where the first incomplete record begins (the end of
+        ``data`` where none is), or -1 at a wrong CRC (the records before it parsed).
+
+        ``trainkit._speedups.take_scalars(parse, data)`` does the same in C (the records'
+        scalars decoded by hand, each payload it does not fully understand parsed here by
+        :meth:`consume`, in order): what :func:`.runs.parse_file` uses where it is built.
+
+        Raises:
+            google.protobuf.message.DecodeError: a payload is no ``Event``; those before it are
+                kept.
+        """
+        got: List[bytes] = []
+        pos = scan(data, got)
+        self.consume(got)
+        return pos
 
     def _join(self) -> None:
         for tag, got in self._fresh.items():

@@ -32,7 +32,7 @@ import re
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from ..recorder import PREFIX, STEP_TIME, UPDATE_MS
-from .eventfiles import Cursor, event_records, records_in
+from .eventfiles import Cursor, chunks_taken, records_in
 from .points import Points, ScalarsParse
 from .trace import is_trace
 from .tracesessions import redone_from, trace_sessions
@@ -232,7 +232,8 @@ def parse_file(path: str, parse: ScalarsParse, cursor: Optional[Cursor] = None) 
     from google.protobuf.message import DecodeError
 
     try:
-        parse.consume(event_records(path, cursor))
+        for _ in chunks_taken(path, parse.take, cursor):
+            pass
     except OSError:  # gone meanwhile: keep what was read
         return True
     except DecodeError:  # not an event file: keep what was read
