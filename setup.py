@@ -8,7 +8,8 @@ and trainkit runs the same code in Python, writing the same bytes, only slower.
 from setuptools import Extension, setup
 
 HEADERS = ["trainkit/_speedups_encode.h", "trainkit/_speedups_writer.h",
-           "trainkit/_speedups_regions.h", "trainkit/_speedups_step.h"]
+           "trainkit/_speedups_regions.h", "trainkit/_speedups_step.h",
+           "trainkit/_speedups_read.h"]
 
 setup(ext_modules=[Extension("trainkit._speedups", ["trainkit/_speedups.c"], depends=HEADERS,
                              optional=True)])

@@ -8,6 +8,8 @@
                         (trainkit/recorder.py: Recorder.flush, Recorder._write_steps; trainkit/_steps.py)
    _speedups_regions.h  profile_region's entry and exit (trainkit/profiling/regions.py)
    _speedups_step.h     a patched optimizer's per-step fast path (trainkit/patch.py)
+   _speedups_read.h     an event file's chunk read, its plain scalars decoded by hand
+                        (trainkit/profiling/points.py: ScalarsParse.take)
 
    Written in Python, the writer's work holds the GIL for ~10 us a step of 8 records, time the
    training thread waits for on a small step; each region and step costs a Python frame or two.
@@ -18,7 +20,8 @@
    arguments, a gate, CUDA or a profiler (the Python closure).
 
    The Python code is the reference: every function here mirrors one there, line for line, and
-   tests/test_speedups.py checks that both give byte-identical event files and identical records.
+   tests/test_speedups.py checks that both give byte-identical event files and identical records
+   (tests/test_read_speedups.py: identical points, texts and cursors read from event files).
    Setting TRAINKIT_PURE_PYTHON=1 (or a machine without a C compiler at install) runs the Python
    code alone. */
 #define PY_SSIZE_T_CLEAN
@@ -163,6 +166,7 @@ static int file_value(PyObject *tags, PyObject *tag, PyObject *v) {
 #include "_speedups_writer.h"  /* Recorder.flush's pass, Recorder._write_steps */
 #include "_speedups_regions.h" /* RegionEnter, RegionExit */
 #include "_speedups_step.h" /* FastStep: a patched optimizer's step */
+#include "_speedups_read.h" /* ScalarsParse.take: an event file's chunk read */
 
 static PyObject *py_crc32c(PyObject *Py_UNUSED(self), PyObject *arg) {
     Py_buffer view;
@@ -179,13 +183,16 @@ static PyMethodDef methods[] = {
      "ingest(buf, opened, completed, final, ctx): Recorder.flush's pass over the buffer."},
     {"write_steps", write_steps, METH_VARARGS,
      "write_steps(opened, completed, final, ctx): Recorder._write_steps."},
+    {"take_scalars", take_scalars, METH_VARARGS,
+     "take_scalars(parse, data) -> int: ScalarsParse.take (an event file's chunk parsed)."},
     {"crc32c", py_crc32c, METH_O, "crc32c(data) -> int: CRC-32C (Castagnoli) of a buffer."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "trainkit._speedups",
-    .m_doc = "trainkit's per-step work in C: the session writer's, regions' and the step's.",
+    .m_doc = "trainkit's per-step work in C: the session writer's, regions' and the step's; "
+             "and reading event files' scalars.",
     .m_size = -1,
     .m_methods = methods,
 };
@@ -211,10 +218,16 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     s_prof_on = PyUnicode_InternFromString("_is_profiler_enabled");
     re_cuda_on = PyUnicode_InternFromString("_initialized");
     one = PyLong_FromLong(1);
+    s_fresh = PyUnicode_InternFromString("_fresh");
+    s_open = PyUnicode_InternFromString("_open");
+    s_consume = PyUnicode_InternFromString("consume");
+    s_steps = PyUnicode_InternFromString("steps");
+    s_frombytes = PyUnicode_InternFromString("frombytes");
     if (!thousand || !s_write_scalars || !s_file || !s_write || !s_write_record || !s_step ||
         !s_values || !s_wall_time || !s_now || !s_active || !s_last_end ||
         !s_last_host || !s_buf || !s_append || !s_exit || !s_enter || !s_prof_on ||
-        !re_cuda_on || !one)
+        !re_cuda_on || !one || !s_fresh || !s_open || !s_consume || !s_steps ||
+        !s_frombytes)
         return NULL;
     if (PyType_Ready(&RegionEnterType) < 0 || PyType_Ready(&RegionExitType) < 0 ||
         fast_step_ready() < 0)

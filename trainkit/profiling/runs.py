@@ -27,10 +27,12 @@ no session counted a step, all of them merge tag by tag, as TensorBoard shows th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
+from .. import recorder as _recorder
 from ..recorder import PREFIX, STEP_TIME, UPDATE_MS
 from .eventfiles import Cursor, chunks_taken, records_in
 from .points import Points, ScalarsParse
@@ -231,8 +233,10 @@ def parse_file(path: str, parse: ScalarsParse, cursor: Optional[Cursor] = None) 
     """
     from google.protobuf.message import DecodeError
 
+    fast = _recorder._fast  # C: the framing and the plain scalars (trainkit/_speedups_read.h)
+    take = parse.take if fast is None else functools.partial(fast.take_scalars, parse)
     try:
-        for _ in chunks_taken(path, parse.take, cursor):
+        for _ in chunks_taken(path, take, cursor):
             pass
     except OSError:  # gone meanwhile: keep what was read
         return True
