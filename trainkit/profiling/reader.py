@@ -1,7 +1,8 @@
 """Reading a growing run's event files again: only what was appended since the last read.
 
 The tab analyzes a live run again each time its files change (every flush, ~2 s); a run of
-1,000,000 steps took ~13 s to read whole. Event files only grow: records are appended, the last
+1,000,000 steps takes ~0.6 s to read whole (~11 s in Python, without trainkit._speedups:
+benchmarks/results/analyze_long-cpu.txt). Event files only grow: records are appended, the last
 one possibly partly written. :class:`EventReader` keeps, per event file, the offset after the last
 complete record parsed and what the records before it held (each tag's points, the meta texts,
 with ``SessionLog.START``'s rule applied: a START at step N drops the file's earlier points from

@@ -213,8 +213,9 @@ def read_scalars(folder: str, names: Optional[List[str]] = None, *,
     ``meta``: a dict to fill with the ``trainkit/meta/...`` text summaries read (``tag -> text``).
 
     What TensorBoard's ``EventAccumulator`` reads (the files in name order, ``simple_value``
-    scalars, a ``SessionLog.START`` dropping the steps from its own on), about ten times faster:
-    the tab reads a run again each time it grows, and a run of 200,000 steps took 15 s.
+    scalars, a ``SessionLog.START`` dropping the steps from its own on), about ten times faster
+    in Python and ~18x faster again with trainkit._speedups (a 1,000,000-step run: ~11 s and
+    ~0.6 s; EventAccumulator took 15 s for 200,000 steps).
     """
     names = sorted(f for f in os.listdir(folder) if EVENTS_MARK in f) if names is None else names
     if not names:
