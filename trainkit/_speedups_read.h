@@ -222,8 +222,8 @@ static int rd_event(Reader *r, const unsigned char *p, const unsigned char *end)
         if (*sum++ != 0x0A || !rd_span(&sum, sum_end, &v, &v_end)) return 0; /* Summary.value */
         while (v < v_end) {
             unsigned char key = *v++;
-            if (key == 0x0A) { /* tag, the last one given */
-                if (!rd_span(&v, v_end, &name, &name_end)) return 0;
+            if (key == 0x0A) { /* tag (given twice: protobuf checks each one's UTF-8) */
+                if (name_end != name || !rd_span(&v, v_end, &name, &name_end)) return 0;
             } else if (key == 0x15) { /* simple_value, a float32: the last one given */
                 if (v_end - v < 4) return 0;
                 bits = rd_le32(v);
