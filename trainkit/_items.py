@@ -95,10 +95,13 @@ class ItemsCounter:
                 self.element = Mapping
                 return len(_at(batch, self.records))
         if self.path is not None:
-            node = batch
+            node, other = batch, self.other
             try:
                 for key in self.path:
-                    if isinstance(node, self.tensor):  # a leaf: this batch has another shape
+                    # a leaf above the path (a tensor; an array or strings where the path leads
+                    # to those, whose row or character would count): this batch has another shape
+                    if isinstance(node, self.tensor) or (other is not None
+                                                         and isinstance(node, other)):
                         node = None
                         break
                     node = getattr(node, key) if key.__class__ is _Field else node[key]
@@ -108,8 +111,8 @@ class ItemsCounter:
                 return int(node.size(0))  # a strided nested tensor has no .shape
             if isinstance(node, _packed()):
                 return _sequences(node)
-            if self.other is not None:  # a batch without tensors (read after the tensor's)
-                n = _items_other.count(batch, self.path, self.other, _step)
+            if other is not None:  # a batch without tensors (read after the tensor's)
+                n = _items_other.count(node, other)
                 if n is not None:
                     return n
         found = _find_tensor(batch)
@@ -291,10 +294,6 @@ def _find_tensor(batch: Any) -> Optional[Tuple[List[Any], Any]]:
 class _Field(str):
     """A path key that is a dataclass field's (or a ``SimpleNamespace``'s) name, read with
     ``getattr`` (a dict's, with [])."""
-
-
-def _step(node: Any, key: Any) -> Any:
-    return getattr(node, key) if key.__class__ is _Field else node[key]
 
 
 _SEQUENCES = (tuple, list, collections.deque, collections.UserList)

@@ -36,19 +36,10 @@ def _is_texts(obj: Any) -> bool:
         isinstance(obj[0], str)
 
 
-def count(batch: Any, path: List[Any], kind: type, step: Callable[[Any, Any], Any]
-          ) -> Optional[int]:
-    """The items of a later ``batch`` at the ``path`` of a ``kind`` that :func:`find` gave
-    (``step(node, key)`` goes one key down), or None where that batch holds none there (it has
-    another shape: an array above the path is not indexed into, whose row would count)."""
-    node = batch
-    try:
-        for key in path:
-            if isinstance(node, kind):
-                return None
-            node = step(node, key)
-    except (KeyError, IndexError, TypeError, AttributeError):
-        return None
+def count(node: Any, kind: type) -> Optional[int]:
+    """The items of ``node``, what a later batch holds at the path :func:`find` gave for a
+    ``kind`` (the walk there stops at a ``kind`` above the path, whose row would count), or
+    None where it holds none of that kind there (another shape)."""
     if kind is str:
         return len(node) if _is_texts(node) else None
     if isinstance(node, kind) and node.ndim > 0:
