@@ -176,7 +176,6 @@ def test_the_rules_build_each_tags_values_once(run_dir, monkeypatch):
     assert asked.count(UPDATE_MS) == 1, asked
     assert not dicts, dicts
     assert st.at(DATA_WAIT) is st.at(DATA_WAIT)
-    assert st.per_step(DATA_WAIT) is st.per_step(DATA_WAIT)
     assert analyze_run(str(folder), str(folder)).to_dict() == before
 
 
@@ -186,4 +185,4 @@ def test_per_step_values_are_those_of_the_tag_at_each_timed_step(run_dir):
     st = record_rules.Steps(run)
     for tag in (DATA_WAIT, GC_MS, UPDATE_MS, PREFIX + "region/forward_ms", "absent"):
         values = run.values(tag)
-        assert st.per_step(tag) == [values.get(s, 0.0) for s in st.steps]
+        assert st.at(tag).tolist() == [values.get(s, 0.0) for s in st.steps]

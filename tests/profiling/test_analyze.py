@@ -92,7 +92,7 @@ def test_data_wait_on_every_other_step_is_described_by_means_not_medians(logdir)
     assert len(st) == 23 and f.share > 0.5
     # It said "median 0.00 ms of a median 0.1 ms step": a wait of no time taking most of it.
     assert "median" not in f.evidence, f.evidence
-    mean_wait = sum(st.per_step(PREFIX + "data_wait_ms")) / len(st)
+    mean_wait = sum(st.at(PREFIX + "data_wait_ms").tolist()) / len(st)
     assert f"{mean_wait:.2f} ms of a {st.total_ms / len(st):.2f} ms step on average" in f.evidence
     assert "recorded on 11 of them" in f.evidence
 
@@ -115,7 +115,7 @@ def test_a_wait_held_by_one_stall_is_described_by_means_and_names_the_stall(logd
     train(logdir, loader=batches(20, stall_at=9), each_step=each_step)
     f = by_code(tk.analyze(logdir), "TA101")
     st = Steps(load_run(logdir, logdir))
-    per = st.per_step(PREFIX + "data_wait_ms")
+    per = st.at(PREFIX + "data_wait_ms").tolist()
     assert max(per) >= 200 and sorted(per)[-2] < 50  # the plant: one stall
     assert "median" not in f.evidence, f.evidence
     assert f"{sum(per) / len(st):.2f} ms of a {st.total_ms / len(st):.2f} ms step on average" \
@@ -150,7 +150,7 @@ def test_gc_collect_every_tenth_step_is_not_called_every_step(logdir):
 
     train(logdir, steps=35, each_step=every_tenth)
     st = Steps(load_run(logdir, logdir))
-    with_gc = sum(1 for v in st.per_step(PREFIX + "gc_ms") if v > 0)
+    with_gc = sum(1 for v in st.at(PREFIX + "gc_ms").tolist() if v > 0)
     f = by_code(tk.analyze(logdir), "TA106")
     assert 3 <= with_gc < len(st)  # the plant: collections in some steps, not all
     assert f.title == f"garbage collection in {with_gc} of {len(st)} steps", f
@@ -181,7 +181,7 @@ def test_a_collection_or_two_in_a_run_is_no_finding(logdir, times):
         if was_on:
             gc.enable()
     st = Steps(load_run(logdir, logdir))
-    assert sum(1 for v in st.per_step(PREFIX + "gc_ms") if v > 0) == times  # the plant
+    assert sum(1 for v in st.at(PREFIX + "gc_ms").tolist() if v > 0) == times  # the plant
     assert st.share(PREFIX + "gc_ms") > 0.05 and codes(tk.analyze(logdir)) == []
     del heap
 

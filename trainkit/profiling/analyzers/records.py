@@ -41,7 +41,6 @@ class Steps:
         # for the same few tags again and again (data wait 5 times)
         self._series: Dict[str, Series] = {}
         self._at: Dict[str, Any] = {}
-        self._per_step: Dict[str, List[float]] = {}
         self._sums: Dict[str, float] = {}
         times = self.series(STEP_TIME)
         steps, values = times.steps, times.values  # views of the run's points, where they can
@@ -76,13 +75,6 @@ class Steps:
         got = self._at.get(tag)
         if got is None:
             got = self._at[tag] = self.series(tag).at(self.steps)
-        return got
-
-    def per_step(self, tag: str) -> List[float]:
-        """:meth:`at` as a list of floats; the same list for the same tag, not to be changed."""
-        got = self._per_step.get(tag)
-        if got is None:
-            got = self._per_step[tag] = self.at(tag).tolist()
         return got
 
     def sum(self, tag: str) -> float:
