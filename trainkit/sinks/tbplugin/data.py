@@ -93,9 +93,8 @@ class TabData:
         self._latest: Dict[str, Tuple[float, Any, Dict[str, Any]]] = {}
         # each event file's records read so far: a run analyzed again as it grows (every flush)
         # has only its appended records parsed (a 1,000,000-step run takes ~0.6 s to read whole,
-        # ~11 s in Python),
-        # and its scan for a trainkit tag goes on from where it ended (a file found once stays
-        # found, unless replaced)
+        # ~11 s in Python), and its scan for a trainkit tag goes on from where it ended (a file
+        # found once stays found, unless replaced)
         self._reader = EventReader()
 
     def _folders(self) -> Dict[str, str]:
