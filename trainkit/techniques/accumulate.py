@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from .._wrapped import inner_optimizer
 from ..patch import optimizer_patch, patch as _patch_opt, wrap_zero_grad
-from . import data_parallel as dp
+from . import _accumulate_model, data_parallel as dp
 from ._accumulate_args import Normalize, check_args, check_item_calls, items_value, \
     refuse_user_scaler_step, warn_scaled_step
 
@@ -266,19 +266,6 @@ class Accumulator:
                 f"steps={self.steps} normalize={self.normalize!r}>")
 
 
-_NONE = object()
-
-
-def _held_zero_grad(acc: Accumulator, zero_grad: Callable[..., Any]) -> Callable[..., Any]:
-    """The model's ``zero_grad`` for the block: a no-op inside a window, like the optimizer's."""
-    def held(*args: Any, **kwargs: Any) -> Any:
-        if acc.hold_zero_grad():
-            return None
-        return zero_grad(*args, **kwargs)
-
-    return held
-
-
 def _grads(optimizer: Any) -> List[Any]:
     return [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
 
@@ -366,13 +353,8 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None, normalize: Normaliz
     # calls (a torch.compile wrapper's hooks run outside its graph).
     acc = Accumulator(n, optimizer, dp.unwrap_compiled(model), normalize, max_norm)
     prev_gate = p.gate
-    hook = None
-    own_zero_grad: Any = None
-    if model is not None:
-        hook = model.register_forward_pre_hook(acc.forward_pre_hook)
-        # model.zero_grad() would wipe the window's running sum as surely as the optimizer's.
-        own_zero_grad = model.__dict__.get("zero_grad", _NONE)
-        model.zero_grad = _held_zero_grad(acc, model.zero_grad)
+    # model.zero_grad() would wipe the window's running sum as surely as the optimizer's.
+    unhold = None if model is None else _accumulate_model.hold(acc, model)
     wrap_zero_grad(optimizer)  # zero_grad() must be a no-op inside a window
     p.gate = acc
     _open.append(acc)
@@ -389,10 +371,6 @@ def accumulate(n: int, optimizer: Any, *, model: Any = None, normalize: Normaliz
                 acc.discard()
         finally:
             p.gate = prev_gate
-            if hook is not None:
-                hook.remove()
+            if unhold is not None:
+                unhold()
                 dp.set_sync(acc.model, True)
-                if own_zero_grad is _NONE:
-                    model.__dict__.pop("zero_grad", None)
-                else:
-                    model.__dict__["zero_grad"] = own_zero_grad
