@@ -224,6 +224,28 @@ def test_amp_step_of_what_is_no_optimizer_says_so_before_anything_is_unscaled(wh
     assert amp.step(opt)  # the right call works on the same backward
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("bad", [0.5, None, "loss"])
+def test_amp_backward_of_what_is_no_tensor_says_so_before_anything_changes(dtype, bad):
+    # It raised GradScaler's "outputs must be a Tensor or an iterable of Tensors" (or "'map'
+    # object has no attribute 'backward'") with the scaler, "'float' object has no attribute
+    # 'backward'" without: naming neither the value nor the fix (a loss.item() passed), and the
+    # accumulate block's window was marked scaled already.
+    m = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    with tk.accumulate(2, opt) as acc:
+        with tk.autocast_scaled(scaler, dtype=dtype) as amp:
+            loss = m(torch.ones(1, 2)).float().sum()
+        with pytest.raises(TypeError, match=r"amp\.backward\(.*expected the loss tensor") as e:
+            amp.backward(bad)
+        assert repr(bad) in str(e.value) and "amp.backward(loss)" in str(e.value)
+        assert not acc._scaled and amp._backward_at is None
+        assert all(p.grad is None for p in m.parameters())
+        amp.backward(loss)  # the right call works
+        amp.step(opt)
+
+
 def test_the_device_defaults_to_the_scalers_own(monkeypatch):
     """With CUDA in use in the process, a GradScaler('cpu') still means a loop on the CPU (it was
     autocast on 'cuda' for CPU tensors: nothing cast, nothing ever skipped); without a scaler, or

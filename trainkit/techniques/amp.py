@@ -78,6 +78,11 @@ class Amp:
 
             amp.backward(loss)
         """
+        if not _is_tensor(loss):  # (a loss.item()): refused before the window is marked scaled
+            raise TypeError(f"amp.backward({brief(loss)}): expected the loss tensor, got "
+                            f"{type(loss).__name__} (a loss.item() or a float has no graph to "
+                            f"backpropagate); e.g. loss = criterion(model(x), y); "
+                            f"amp.backward(loss)")
         warn_if_divided(loss)  # a second division by n inside tk.accumulate
         if self._scaling():
             self._backward_at = _updates.get(self.scaler, (0, None, 0))[0]
@@ -216,6 +221,12 @@ class Amp:
     def __repr__(self) -> str:
         return (f"<trainkit.autocast_scaled dtype={self.dtype} device_type={self.device_type!r} "
                 f"scaler={'on' if self._scaling() else 'off'} skipped={self.skipped}>")
+
+
+def _is_tensor(x: Any) -> bool:
+    import torch
+
+    return isinstance(x, torch.Tensor)
 
 
 def _check_optimizer(optimizer: Any) -> None:
