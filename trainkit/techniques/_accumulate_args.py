@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from typing import Any, Literal, NoReturn, Optional, Tuple
+from typing import Any, List, Literal, NoReturn, Optional, Tuple
 
 from .._text import brief, user_stacklevel
 from .._wrapped import inner_optimizer
@@ -132,6 +132,31 @@ def check_item_calls(acc: Any, micro_batches: int) -> None:
         f"divided by too few (its update too large). Call acc.add_items(k) once per "
         f"micro-batch, before its optimizer.step(), e.g. right after the loss: "
         f"acc.add_items(y.numel())")
+
+
+def grad_marks(optimizer: Any) -> List[Tuple[Any, int]]:
+    """Each gradient of ``optimizer``'s parameters with its version (bumped by every in-place
+    change: a backward adding to it, a division), for :func:`check_added_grads`."""
+    return [(p.grad, p.grad._version) for g in optimizer.param_groups for p in g["params"]
+            if p.grad is not None]
+
+
+def check_added_grads(acc: Any) -> None:
+    """Warn (once a block) of a ``zero_grad()`` held inside a window where gradients were added
+    to the optimizer's parameters after its last ``step()`` call: another loss's backward reached
+    them (a GAN's generator loss through the discriminator, which the tutorials' next
+    ``netD.zero_grad()`` clears), and holding the zero_grad keeps them in the window's sum."""
+    now = grad_marks(acc.optimizer)
+    if len(now) == len(acc._marks) and all(
+            t is u and v == w for (t, v), (u, w) in zip(acc._marks, now)):
+        return
+    warn_once(acc, "added grads",
+        f"zero_grad() inside a tk.accumulate({acc.n}, {type(acc.optimizer).__name__}) window is "
+        f"held, but gradients were added to its parameters since its last optimizer.step() "
+        f"call (another loss's backward reached them, e.g. a GAN's generator loss through the "
+        f"discriminator): they stay in the window's sum, which a big batch would not have. Keep "
+        f"that backward off these parameters, e.g. discriminator.requires_grad_(False) around "
+        f"the generator's backward (and requires_grad_(True) after)")
 
 
 def refuse_user_scaler_step(n: int, *, boundary: bool) -> NoReturn:

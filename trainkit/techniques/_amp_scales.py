@@ -19,7 +19,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Dict, List
 
-from ._accumulate_args import warn_once
+from ._accumulate_args import grad_marks, warn_once
 from .accumulate import _grads
 
 #: GradScaler -> {update count: a copy of its scale at that count}, the last few
@@ -69,6 +69,8 @@ def _rescale(block: Any, scaler: Any, at: int, now: int) -> bool:
     for device, same in by_device.items():
         torch._foreach_mul_(same, ratio.to(device))
     block._grads_at = (scaler, now)
+    if block._marks:  # the window's sum, only rescaled: no gradients added (check_added_grads)
+        block._marks = grad_marks(block.optimizer)
     return True
 
 

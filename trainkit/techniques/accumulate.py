@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 from .._wrapped import inner_optimizer
 from ..patch import optimizer_patch, patch as _patch_opt, wrap_zero_grad
 from . import _accumulate_model, data_parallel as dp
-from ._accumulate_args import Normalize, check_args, check_item_calls, items_value, \
-    refuse_user_scaler_step, warn_scaled_step
+from ._accumulate_args import Normalize, check_added_grads, check_args, check_item_calls, \
+    grad_marks, items_value, refuse_user_scaler_step, warn_scaled_step
 
 #: The accumulate blocks open right now, innermost last: the state of the ``with`` blocks, as
 #: autocast keeps its own; amp.backward reads it to spot a loss divided by n a second time.
@@ -94,6 +94,9 @@ class Accumulator:
         #: a zero_grad() was held after the window's last step() call: the exit's step of a
         #: partial window does it (else that window's gradients would start the next block)
         self._zero_held = False
+        #: the window's gradients (tensor, version) at its last step() call: a held zero_grad()
+        #: after more were added says so (check_added_grads)
+        self._marks: List[Tuple[Any, int]] = []
 
     # -- public --------------------------------------------------------------------------------
     @property
@@ -121,6 +124,7 @@ class Accumulator:
             if _is_user_scaler_step():
                 refuse_user_scaler_step(self.n, boundary=False)
             self.micro_batches += 1
+            self._marks = grad_marks(self.optimizer)
             self._unsynced = self._sync_off()
             self._zero_held = False
             self.stepped = False
@@ -139,6 +143,8 @@ class Accumulator:
 
     def hold_zero_grad(self) -> bool:
         if self.micro_batches > 0:
+            if self._marks:
+                check_added_grads(self)
             self._zero_held = True
             return True
         return False
@@ -195,6 +201,7 @@ class Accumulator:
         self._grads_at = None
         self._prepared = False
         self._unsynced = False
+        self._marks = []
         if stepped:
             self.steps += 1
 
