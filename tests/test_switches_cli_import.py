@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -159,3 +160,16 @@ def test_cli_demo_writes_a_tensorboard_run(tmp_path):
     for tag in ("trainkit/region/forward_ms", "trainkit/region/backward_ms", "trainkit/samples_per_s",
                 "val/accuracy"):
         assert tag in got, tag
+
+
+def test_an_override_asked_for_before_the_session_is_not_said_to_change_nothing(monkeypatch,
+                                                                                tmp_path):
+    # examples/mnist_cnn.py sizes its sampler by tk.technique("batch_size", 64) before its
+    # session starts; run as its docstring says, TRAINKIT_TECHNIQUES='{"batch_size": 128}'
+    # trained at 128 and the close warned that it "changed nothing"
+    monkeypatch.setenv("TRAINKIT_TECHNIQUES", '{"batch_size": 128}')
+    assert tk.technique("batch_size", 64) == 128
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with tk.session(logdir=tmp_path / "run", system_metrics=False):
+            pass

@@ -11,7 +11,7 @@ import contextlib
 import json
 import numbers
 import re
-from typing import Any, Dict, Iterator, Mapping, Optional
+from typing import Any, Dict, Iterator, Mapping, Optional, Set
 
 from . import _env
 from .session import active as _active_session
@@ -23,6 +23,9 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 _in_process: Optional[Dict[str, Any]] = None  # set by the in-process ablation only
 _from_env: Optional[Dict[str, Any]] = None
 _env_raw: Optional[str] = None
+# The names of TRAINKIT_TECHNIQUES that tk.technique has read, in a session or before one (a
+# loader built before the session opens): a session's close says only the others were unused.
+_env_read: Set[str] = set()
 
 
 def _check_name(name: Any) -> str:
@@ -83,6 +86,7 @@ def _env_overrides() -> Dict[str, Any]:
                                  f"'{{\"amp\": false}}'")
             _check_values(parsed, f"{_env.TECHNIQUES}={raw!r}")
         _from_env, _env_raw = parsed, raw
+        _env_read.clear()
     return _from_env or {}
 
 
@@ -93,8 +97,9 @@ def check_overrides() -> None:
 
 def warn_unread(s: Any) -> None:
     """At session ``s``'s close: say the ``TRAINKIT_TECHNIQUES`` names of no built-in technique
-    that nothing asked for in the session (no ``tk.technique(name, ...)`` call), a misspelling
-    (``{"fuse": true}``) or a technique the script never reads: they were ignored unsaid."""
+    that nothing asked for (no ``tk.technique(name, ...)`` call, in the session or before it), a
+    misspelling (``{"fuse": true}``) or a technique the script never reads: they were ignored
+    unsaid."""
     import difflib
     import warnings
 
@@ -104,7 +109,7 @@ def warn_unread(s: Any) -> None:
         env = _env_overrides()
     except ValueError:  # refused at the session's start already
         return
-    unread = [n for n in env if n not in BUILTIN and n not in s.techniques]
+    unread = [n for n in env if n not in BUILTIN and n not in s.techniques and n not in _env_read]
     if not unread:
         return
     near = difflib.get_close_matches(unread[0].lower(), BUILTIN, n=1, cutoff=0.6)
@@ -129,6 +134,8 @@ def technique(name: str, default: Any) -> Any:
     source = _in_process if _in_process is not None else _env_overrides()
     if name in source:
         value = source[name]
+        if source is _from_env:
+            _env_read.add(name)
     s = _active_session()
     if s is not None:
         s.techniques[name] = value
