@@ -189,16 +189,26 @@ def gc_per_step(st: Steps) -> Optional[Finding]:
     # Say how often: "every step" only when it was (a gc.collect() every 10th step costs as much
     # and wants the same fix, but is not the same thing).
     when = "every step" if with_gc == n else f"in {with_gc} of {n} steps"
-    what = (f"a full garbage collection runs in {with_full} of {n} steps "
-            f"(gc.collect() in the loop?)" if with_full >= 0.5 * n
-            else f"garbage collections run in {with_gc} of {n} steps, full (generation 2) ones "
-                 f"in {with_full}" + (" (gc.collect() every few steps?)" if with_full else ""))
+    # The hook cannot tell a gc.collect() from the interpreter's own collections, which a loop
+    # making many Python objects a step triggers, in full too: both are said where they can be.
+    if with_full >= 0.5 * n:
+        what = (f"a full garbage collection runs in {with_full} of {n} steps (a gc.collect() in "
+                f"the loop, or the interpreter's own, of objects the loop keeps making?)")
+    else:
+        what = (f"garbage collections run in {with_gc} of {n} steps, full (generation 2) ones in "
+                f"{with_full} (" + ("gc.collect() every few steps, or the interpreter's own?)"
+                                    if with_full else "the interpreter's own: a gc.collect() "
+                                                      "is a full one)"))
+    own = ("the interpreter collects on its own when the step makes many Python objects "
+           "(per-sample records, lists or dicts kept a while): keep per-step data in tensors, "
+           "call gc.freeze() after setup, or gc.disable() with a gc.collect() every few hundred "
+           "steps")
     return Finding(
         code="TA106", title=f"garbage collection {when}",
         evidence=f"{what}; collections take {share:.0%} of step time",
         share=share, count=with_gc,
-        fix="remove gc.collect() (and torch.cuda.empty_cache()) from the step; if reference "
-            "cycles pile up, call gc.freeze() after setup or collect every few hundred steps",
+        fix=(f"remove any gc.collect() (and torch.cuda.empty_cache()) from the step; {own}"
+             if with_full else own),
         severity=severity_for(share, high=0.2, medium=0.05))
 
 
