@@ -221,6 +221,57 @@ def test_a_trace_removed_after_its_listing_is_a_404_that_says_so(tmp_path):
     assert "cannot be read now" in json.loads(resp.data)["error"] and name in resp.get_data(True)
 
 
+def test_a_run_deleted_while_its_report_is_asked_is_a_404_not_a_server_error(tmp_path):
+    """A run folder removed between the listing that found it and the reading of its files (a
+    run cleaned up while the tab is open, which polls its report) made the route raise
+    FileNotFoundError: a 500 with no word of why (seen on a real server, 1 request in ~3,700
+    while a run was deleted and made again)."""
+    from tensorboard.plugins import base_plugin
+    from werkzeug.test import Client
+
+    from trainkit.sinks.tbplugin import TrainkitPlugin
+
+    train(str(tmp_path / "r"), steps=4)
+    plugin = TrainkitPlugin(base_plugin.TBContext(logdir=str(tmp_path)))
+    found = plugin.data._is_trainkit
+
+    def found_then_removed(folder):
+        held = found(folder)
+        shutil.rmtree(folder)
+        return held
+
+    plugin.data._is_trainkit = found_then_removed
+    resp = Client(plugin.get_plugin_apps()["/report"]).get("/report", query_string={"run": "r"})
+    assert resp.status_code == 404, resp.status_code
+    assert json.loads(resp.data) == {"error": "no trainkit run 'r'"}
+
+
+def test_a_run_deleted_while_its_trace_is_asked_is_a_404_not_a_server_error(tmp_path):
+    """The trace route looked the run's folder up again after its report listed the trace: a
+    run deleted between the two made that a KeyError, a 500."""
+    from tensorboard.plugins import base_plugin
+    from werkzeug.test import Client
+
+    from trainkit.sinks.tbplugin import TrainkitPlugin
+
+    name = "gpu_syncs.pt.trace.json"
+    (tmp_path / "r").mkdir()
+    shutil.copy(os.path.join(FIXTURES, name), tmp_path / "r" / name)
+    plugin = TrainkitPlugin(base_plugin.TBContext(logdir=str(tmp_path)))
+    reported = plugin.data.report
+
+    def reported_then_removed(run):
+        rep = reported(run)
+        shutil.rmtree(tmp_path / "r")
+        return rep
+
+    plugin.data.report = reported_then_removed
+    resp = Client(plugin.get_plugin_apps()["/trace"]).get("/trace", query_string={"run": "r",
+                                                                               "file": name})
+    assert resp.status_code == 404, resp.status_code
+    assert name in json.loads(resp.data)["error"]
+
+
 def test_ablation_rows_that_are_not_objects_are_left_out_and_said(tmp_path):
     """{"rows": [null, ...]}: the tab's table read the first row's keys, and a null one threw,
     replacing the whole run's report with an error."""

@@ -165,7 +165,12 @@ class TabData:
         folder = self._folders().get(name)
         if folder is None or not self._is_trainkit(folder):
             return None
-        return self._report(name, folder)
+        try:
+            return self._report(name, folder)
+        except OSError:
+            if os.path.isdir(folder):
+                raise
+            return None  # deleted since it was listed (a run cleaned up while the tab is open)
 
     def trace_path(self, name: str, file: str) -> Optional[str]:
         """The path of a trace listed for the run (its earlier sessions' included); None for
@@ -173,4 +178,5 @@ class TabData:
         rep = self.report(name)
         if rep is None or file not in rep["traces"] + rep["earlier_traces"]:
             return None
-        return os.path.join(self._folders()[name], file)
+        folder = self._folders().get(name)  # None: the run was deleted since its report
+        return None if folder is None else os.path.join(folder, file)
