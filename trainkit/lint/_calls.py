@@ -11,10 +11,14 @@ after it for a short last window (TK112's fix). What the function's body runs at
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING, FrozenSet, List, Set
+from typing import TYPE_CHECKING, Dict, List, Union
+
+from trainkit.lint._switches import switched_off
 
 if TYPE_CHECKING:
     from trainkit.lint._core import FileContext
+
+Function = Union[ast.FunctionDef, ast.AsyncFunctionDef]
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 # Not part of one call of the function: nested scopes, and loops (a loop makes it an epoch).
@@ -44,15 +48,15 @@ def is_batch_loop(ctx: "FileContext", loop: ast.AST) -> bool:
     return backward and step
 
 
-def step_function_names(ctx: "FileContext") -> FrozenSet[str]:
-    """Names of the file's functions and methods whose own body, outside loops, runs backward or a step.
+def step_function_defs(ctx: "FileContext") -> Dict[str, List[Function]]:
+    """The file's functions and methods whose own body, outside loops, runs backward or a step, by name.
 
     Not a function that also holds a batch loop of its own (see :func:`is_batch_loop`): its step
     after that loop steps a short last window (TK112's fix), and the function is a whole epoch.
     """
-    found: Set[str] = set()
+    found: Dict[str, List[Function]] = {}
     for node in ctx.nodes:
-        if not isinstance(node, _FUNCTIONS) or node.name in found:
+        if not isinstance(node, _FUNCTIONS):
             continue
         stack: List[ast.AST] = list(node.body)
         steps = epoch = False
@@ -66,14 +70,20 @@ def step_function_names(ctx: "FileContext") -> FrozenSet[str]:
                 steps = True
             stack.extend(ast.iter_child_nodes(current))
         if steps and not epoch:
-            found.add(node.name)
-    return frozenset(found)
+            found.setdefault(node.name, []).append(node)
+    return found
 
 
-def calls_step_function(call: ast.Call, names: FrozenSet[str]) -> bool:
-    """``train_step(...)`` or ``self.train_step(...)`` where ``train_step`` is one of ``names``."""
+def calls_step_function(ctx: "FileContext", call: ast.Call) -> bool:
+    """``train_step(...)`` or ``self.train_step(...)`` where ``train_step`` is one of the file's step
+    functions, unless the call switches its training off (``step(..., train=False)``, see
+    :mod:`trainkit.lint._switches`)."""
     func = call.func
     if isinstance(func, ast.Name):
-        return func.id in names
-    return (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"
-            and func.attr in names)
+        name = func.id
+    elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+        name = func.attr
+    else:
+        return False
+    functions = ctx.step_function_defs.get(name)
+    return bool(functions) and not switched_off(ctx, call, functions)

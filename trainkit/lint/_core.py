@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Dict, FrozenSet, Iterator, List, Optional, Set, Tuple, Union
 
-from trainkit.lint._calls import calls_step_function, step_function_names
+from trainkit.lint._calls import calls_step_function, step_function_defs
 from trainkit.lint._conditions import Branching
 from trainkit.lint._inline import inline_loop_functions
 from trainkit.lint._nodes import dotted, is_reciprocal, method_name, pos, receiver
+from trainkit.lint._switches import switches
 
 LoopNode = Union[ast.For, ast.AsyncFor, ast.While]
 
@@ -275,9 +276,21 @@ class FileContext:
         return out
 
     @cached_property
+    def step_function_defs(self) -> Dict[str, List[ast.AST]]:
+        """The file's functions whose own body (outside loops) runs backward or a step, by name."""
+        return step_function_defs(self)  # type: ignore[return-value]
+
+    @cached_property
     def step_functions(self) -> FrozenSet[str]:
-        """The file's functions whose own body (outside loops) runs backward or a step."""
-        return step_function_names(self)
+        """The names of :attr:`step_function_defs`."""
+        return frozenset(self.step_function_defs)
+
+    def switches(self, function: ast.AST) -> Dict[str, str]:
+        """The parameters that switch ``function``'s training off (:mod:`trainkit.lint._switches`), cached."""
+        cache = self.__dict__.setdefault("_switches", {})
+        if id(function) not in cache:
+            cache[id(function)] = switches(self, function)  # type: ignore[arg-type]
+        return cache[id(function)]
 
     def is_training_loop(self, loop: LoopNode) -> bool:
         """Whether ``loop``'s own body calls ``.backward(``, an optimizer step, or a step function."""
@@ -286,7 +299,7 @@ class FileContext:
             region = self._region(loop)
             self._training[loop] = any(
                 isinstance(n, ast.Call) and (self.is_backward(n) or self.is_step(n)
-                                             or calls_step_function(n, self.step_functions))
+                                             or calls_step_function(self, n))
                 for n in region
             )
         return self._training[loop]

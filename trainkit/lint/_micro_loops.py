@@ -74,7 +74,7 @@ def micro_loops(ctx: FileContext) -> Iterator[MicroLoop]:
     """Each inner loop that runs backward, never steps, and is followed by the outer loop's step."""
     by_node = {id(loop.node): loop for loop in ctx.training_loops}
     for inner in ctx.training_loops:
-        if inner.step_calls or any(calls_step_function(c, ctx.step_functions) for c in inner.calls):
+        if inner.step_calls or any(calls_step_function(ctx, c) for c in inner.calls):
             continue
         if any(_about_grads(n) for n in inner.region):
             continue

@@ -33,6 +33,7 @@ from typing import Dict, Iterator, List, Optional, Set, Union
 from trainkit.lint._calls import calls_step_function, is_batch_loop
 from trainkit.lint._core import FileContext, TrainingLoop
 from trainkit.lint._nodes import pos
+from trainkit.lint._switches import never_runs
 
 Function = Union[ast.FunctionDef, ast.AsyncFunctionDef]
 
@@ -57,6 +58,11 @@ class Called:
         """Why a statement of the body runs every step, for the message."""
         return (f"in `{self.function.name}()`, which runs on every step because the training loop on line "
                 f"{self.loop.node.lineno} calls it on line {self.call.lineno}")
+
+    def skips(self, node: ast.AST) -> bool:
+        """Whether this call never runs ``node``: it needs a flag the call sets otherwise
+        (``if not train: return loss.item()`` for ``step(batch)`` with ``train=True``)."""
+        return never_runs(self.loop.ctx, self.function, self.call, node)
 
 
 def _bound(body: List[ast.stmt], args: Optional[ast.arguments] = None) -> Set[str]:
@@ -145,7 +151,7 @@ class _Functions:
         if it is None or (isinstance(it, ast.Call) and isinstance(it.func, ast.Name)
                           and it.func.id in ("range", "trange")):
             return False  # a `while`, or `for _ in range(n_critic):`: part of a step
-        return any(isinstance(n, ast.Call) and calls_step_function(n, self.ctx.step_functions)
+        return any(isinstance(n, ast.Call) and calls_step_function(self.ctx, n)
                    for stmt in loop.body for n in ast.walk(stmt))  # type: ignore[attr-defined]
 
     def body(self, function: Function) -> Optional[TrainingLoop]:

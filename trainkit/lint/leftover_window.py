@@ -125,7 +125,7 @@ class _Scope:
                                    if isinstance(p, _LOOPS) and _runs_backward(ctx, p)])
                       for key, node in zip(self.keys, found)
                       if isinstance(node, ast.Call) and (ctx.is_step(node)
-                                                         or calls_step_function(node, ctx.step_functions))]
+                                                         or calls_step_function(ctx, node))]
 
     def body_range(self, loop: ast.AST) -> Tuple[Tuple[int, int], Tuple[int, int], bool]:
         """The positions of ``loop``'s body: from, to, and whether ``to`` is excluded (its ``else``
@@ -259,7 +259,7 @@ def _flushed(ctx: FileContext, acc: Accumulation, scope: ast.AST, after: Optiona
             continue
         if any(other is not loop for other in loops):
             continue  # in another batch loop: its own window
-        if _same_optimizer(ctx, node, acc.optimizer) or calls_step_function(node, ctx.step_functions):  # type: ignore[arg-type]
+        if _same_optimizer(ctx, node, acc.optimizer) or calls_step_function(ctx, node):  # type: ignore[arg-type]
             return True
     return any(other is not acc.step and _same_optimizer(ctx, other, acc.optimizer)
                and not runs_with(acc.loop, other, acc.guard, acc.step) for other in acc.loop.step_calls)

@@ -53,6 +53,6 @@ def check_flush_every_step(ctx: FileContext) -> Iterator[Hit]:
     seen: Set[int] = set()
     for called in called_every_step(ctx):
         for hit in _flushes(ctx, called.body, f" ({called.where()})"):
-            if id(hit.node) not in seen:
+            if id(hit.node) not in seen and not called.skips(hit.node):
                 seen.add(id(hit.node))
                 yield hit

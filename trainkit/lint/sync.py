@@ -314,6 +314,6 @@ def check_host_sync(ctx: FileContext) -> Iterator[Hit]:
         if _exempt(ctx, loop, called.call) or (env_loops[id(loop)] and feeds_environment(ctx, loop, called.call)):
             continue  # called under `torch.no_grad()`, or its result is an action for the environment
         for call, found in _syncs(ctx, called.body, numbers(called.function)):
-            if id(call) not in seen:
+            if id(call) not in seen and not called.skips(call):
                 seen.add(id(call))
                 yield Hit(call, f"{found} {waits}, {called.where()}", _FIX)

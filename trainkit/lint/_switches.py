@@ -1,0 +1,171 @@
+"""Calls of a step function with training switched off: ``step(model, batch, opt, train=False)``.
+
+One function often serves both loops: ``def step(model, batch, opt, train=True): ... if train:
+loss.backward(); opt.step()``, called as ``step(model, batch, opt)`` over the training data and
+``step(model, batch, opt, train=False)`` over the validation data. The second call runs no backward
+and no step, so its loop is evaluation code, not a training loop. Read conservatively, since taking
+a training loop for an evaluation one hides its findings:
+
+* a *switch* is a parameter the function never rebinds and that every backward and step of its own
+  body (outside nested functions) needs: each runs only where ``if train:`` (or ``if train and
+  ...:``, ``if not train: ... else:``) takes it, or after ``if not train: return ...`` (or ``raise``)
+  in its block or an enclosing one; ``if opt is not None:`` needs ``opt`` not to be None;
+* the call passes a literal ``False`` or ``None`` (positionally or by keyword, or by leaving out a
+  parameter whose default is one) to a switch that needs it truthy, or ``None`` to one that needs
+  it not None; nothing else (``train=is_training``) is read, nor a call with ``*args``/``**kwargs``;
+* every function of the file by that name that runs a step is switched off by the call.
+
+The same reading tells which statements of a function a call never runs (:func:`never_runs`): the
+training loop's ``step(model, batch, opt)`` (``train=True`` by default) never runs ``if not train:
+return loss.item()``, so TK301 and TK302 do not read it through that call.
+"""
+from __future__ import annotations
+
+import ast
+from typing import TYPE_CHECKING, Dict, List, Optional, Set, Union
+
+if TYPE_CHECKING:
+    from trainkit.lint._core import FileContext
+
+Function = Union[ast.FunctionDef, ast.AsyncFunctionDef]
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_TRUTHY, _FALSY, _NOT_NONE, _NONE = "truthy", "falsy", "not None", "None"
+Needs = Dict[str, Set[str]]
+
+
+def _need(test: ast.expr, holds: bool, out: Needs) -> None:
+    """Add to ``out`` what ``test`` being ``holds`` needs of a plain name: truthy or falsy, None or not."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        _need(test.operand, not holds, out)
+    elif isinstance(test, ast.BoolOp):
+        # `a and b` true (or `a or b` false) needs every part; the other way round, none alone
+        if isinstance(test.op, ast.And) == holds:
+            for value in test.values:
+                _need(value, holds, out)
+    elif isinstance(test, ast.Name):
+        out.setdefault(test.id, set()).add(_TRUTHY if holds else _FALSY)
+    elif (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name)
+          and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None
+          and isinstance(test.ops[0], (ast.Is, ast.IsNot))):
+        out.setdefault(test.left.id, set()).add(_NOT_NONE if isinstance(test.ops[0], ast.IsNot) == holds else _NONE)
+
+
+def _leaves(block: List[ast.stmt]) -> bool:
+    """Whether running ``block`` always leaves the function: it ends in ``return`` or ``raise``."""
+    return bool(block) and isinstance(block[-1], (ast.Return, ast.Raise))
+
+
+def _needs_of(parents: Dict[ast.AST, ast.AST], function: Function, node: ast.AST) -> Needs:
+    """What ``node`` (in ``function``'s own body) needs of names to run: the ``if`` tests around it,
+    and the early ``return``/``raise`` exits before it in its block and the blocks around it."""
+    out: Needs = {}
+    child = node
+    parent = parents.get(child)
+    while parent is not None and child is not function:
+        if isinstance(parent, ast.If) and child is not parent.test:
+            _need(parent.test, any(child is s for s in parent.body), out)
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(parent, field, None)
+            if not isinstance(block, list) or not any(child is s for s in block):
+                continue
+            for stmt in block[:block.index(child)]:
+                if isinstance(stmt, ast.If) and _leaves(stmt.body) and not _leaves(stmt.orelse):
+                    _need(stmt.test, False, out)  # `if not train: return ...`: the rest runs where it is false
+                elif isinstance(stmt, ast.If) and _leaves(stmt.orelse) and not _leaves(stmt.body):
+                    _need(stmt.test, True, out)
+        child, parent = parent, parents.get(parent)
+    return out
+
+
+def _own(function: Function) -> List[ast.AST]:
+    """The nodes of ``function``'s own body, outside nested functions, lambdas and classes."""
+    own: List[ast.AST] = []
+    stack: List[ast.AST] = list(function.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, _SCOPES):
+            continue
+        own.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return own
+
+
+def _fixed(function: Function, own: List[ast.AST]) -> Set[str]:
+    """``function``'s parameters that its own body never rebinds."""
+    args = function.args
+    params = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs}
+    return params - {n.id for n in own if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+
+
+def switches(ctx: "FileContext", function: Function) -> Needs:
+    """The parameters every backward and step of ``function`` needs, and what they need (see the module)."""
+    own = _own(function)
+    found: Optional[Needs] = None
+    for node in own:
+        if isinstance(node, ast.Call) and (ctx.is_backward(node) or ctx.is_step(node)):
+            needs = _needs_of(ctx.parents, function, node)
+            if found is None:
+                found = needs
+            else:
+                found = {k: v & needs.get(k, set()) for k, v in found.items()}
+                found = {k: v for k, v in found.items() if v}
+            if not found:
+                return {}
+    fixed = _fixed(function, own)
+    return {name: need for name, need in (found or {}).items() if name in fixed}
+
+
+def _argument(function: Function, call: ast.Call, name: str, *, default: bool = False) -> Optional[ast.expr]:
+    """What ``call`` passes to ``function``'s parameter ``name`` (or its default, when ``default``
+    and the call passes nothing); None when that is not plain to read."""
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return None
+    for keyword in call.keywords:
+        if keyword.arg == name:
+            return keyword.value
+    args = function.args
+    params = [a.arg for a in args.posonlyargs + args.args]
+    # `self.f(x)` binds the method's first parameter to `self`
+    first = 1 if isinstance(call.func, ast.Attribute) and params and not function.decorator_list else 0
+    if name in params:
+        index = params.index(name)
+        if first <= index < first + len(call.args):
+            return call.args[index - first]
+        defaults = args.defaults
+        offset = index - (len(params) - len(defaults))
+        return defaults[offset] if default and offset >= 0 and index >= first + len(call.args) else None
+    kwonly = [a.arg for a in args.kwonlyargs]
+    if default and name in kwonly:
+        return args.kw_defaults[kwonly.index(name)]
+    return None
+
+
+def _contradicts(value: Optional[ast.expr], needs: Set[str]) -> bool:
+    """Whether the literal ``value`` (``True``, ``False`` or ``None``) never meets one of ``needs``."""
+    if not (isinstance(value, ast.Constant) and (value.value is None or isinstance(value.value, bool))):
+        return False
+    truthy, none = bool(value.value), value.value is None
+    return ((_TRUTHY in needs and not truthy) or (_FALSY in needs and truthy)
+            or (_NOT_NONE in needs and none) or (_NONE in needs and not none))
+
+
+def switched_off(ctx: "FileContext", call: ast.Call, functions: List[Function]) -> bool:
+    """Whether ``call`` switches off every backward and step of each of ``functions`` (the step
+    functions its name may run): it passes ``False`` or ``None`` to a switch (see the module)."""
+    return bool(functions) and all(
+        any(_contradicts(_argument(function, call, name, default=True), needs) for name, needs in ctx.switches(function).items())
+        for function in functions)
+
+
+def never_runs(ctx: "FileContext", function: Function, call: ast.Call, node: ast.AST) -> bool:
+    """Whether ``node`` of ``function``'s body never runs when ``call`` runs the function: it needs
+    a parameter (never rebound) that the call, or its default, sets to a literal ``True``,
+    ``False`` or ``None`` that does not meet it (``if not train: return loss.item()`` for
+    ``step(batch)``, ``train=True`` by default)."""
+    needs = _needs_of(ctx.parents, function, node)
+    if not needs:
+        return False
+    fixed = _fixed(function, _own(function))
+    return any(name in fixed and _contradicts(_argument(function, call, name, default=True), need)
+               for name, need in needs.items())
