@@ -16,8 +16,10 @@ Read conservatively, since a finding in the wrong function is worse than a miss:
   ``with torch.no_grad():``);
 * the name resolves in the file: ``f(...)`` to the one module-level ``def f`` when nothing else at
   module level binds ``f`` (``f = torch.compile(f)`` does) and no function around the loop has a
-  local ``f``; ``self.f(...)`` to the one ``def f`` of the class whose method holds the loop. Nothing
-  imported, and no decorated function (``@torch.no_grad()`` makes it eval code);
+  local ``f``; ``self.f(...)`` to the one ``def f`` of the class whose method holds the loop, or
+  inherited from a class of the same file (:mod:`trainkit.lint._classes`: the lookup stops at a base
+  the file does not define). Nothing imported, and no decorated function (``@torch.no_grad()``
+  makes it eval code);
 * one level: calls inside the function are not followed, the function is not one that holds the
   loop (recursion), and not a whole epoch (it holds a batch loop of its own: a ``for`` over anything
   but ``range(...)`` that steps, itself or through a step function). A training loop inside the
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Set, Union
 
 from trainkit.lint._calls import calls_step_function, is_batch_loop
+from trainkit.lint._classes import Classes
 from trainkit.lint._core import FileContext, TrainingLoop
 from trainkit.lint._nodes import pos
 from trainkit.lint._switches import never_runs
@@ -103,6 +106,9 @@ class _Functions:
         # bound once, by its `def`: not redefined, rebound (`f = torch.compile(f)`) nor set through `global f`
         self.module = {name: found[0] for name, found in defs.items()
                        if len(found) == 1 and name not in module_names and name not in declared_global}
+        # a base class named by a module-level `class` statement alone (not also a `def`, `x = ...`, import)
+        not_classes = _bound([s for s in tree.body if not isinstance(s, _FUNCTIONS + (ast.ClassDef,))])
+        self.classes = Classes(tree, not_classes | set(defs) | declared_global)
         self.bodies: Dict[int, Optional[TrainingLoop]] = {}
         self.locals: Dict[int, Set[str]] = {}
 
@@ -130,11 +136,10 @@ class _Functions:
             params = method.args.posonlyargs + method.args.args
             if not params or func.value.id != params[0].arg:
                 return None  # `self.helper.f()`, `other.f()`: another object
-            found = [s for s in cls.body if isinstance(s, _FUNCTIONS) and s.name == func.attr]
-            others = _bound([s for s in cls.body if not isinstance(s, _FUNCTIONS)])
-            if len(found) != 1 or func.attr in others or f"{params[0].arg}.{func.attr}" in self.ctx.assignments:
-                return None  # redefined, or rebound (`train_step = ...`, `self.train_step = ...`)
-            target = found[0]
+            found = self.classes.find_method(cls, func.attr)
+            if found is None or f"{params[0].arg}.{func.attr}" in self.ctx.assignments:
+                return None  # redefined, rebound (`train_step = ...`, `self.train_step = ...`), or unknown
+            target = found
         else:
             return None
         if target.decorator_list or any(target is s for s in around):
