@@ -5,16 +5,19 @@ import ast
 import os
 import re
 import sys
-from typing import Collection, FrozenSet, List, Optional, Union
+from typing import Collection, Dict, FrozenSet, List, Optional, Tuple, Union
 
 from trainkit.lint._core import FileContext
 from trainkit.lint._depth import check_depth
 from trainkit.lint._files import PathArg, as_path, as_paths, iter_python_files, read_source
 from trainkit.lint._registry import RULES, Finding, LintError
+from trainkit.lint._step_inline import stepped_view, where
 from trainkit.lint._suppress import comment_lines, is_suppressed, parse_suppressions
 
 Codes = Union[str, Collection[str], None]
 _LINE_BREAK_RE = re.compile(r"\r\n|\r|\n")
+# Rules that read a step function's body at each call of it (:mod:`trainkit.lint._step_inline`).
+_STEPPED = ("TK1", "TK2")
 
 __all__ = ["Codes", "iter_python_files", "lint_file", "lint_paths", "lint_source", "parse_codes", "read_source"]
 
@@ -120,15 +123,25 @@ def lint_source(source: str, path: str = "<string>", *, select: Codes = None, ig
         # Python's own line ends, not str.splitlines()'s (which also splits at \f, \x1c, ...).
         lines = None if source.isascii() else _LINE_BREAK_RE.split(source)
         findings = set()
+        # a step function's body read at several calls gives one finding per place: the first call's
+        copied: Dict[Tuple[int, int, str], Tuple[Tuple[int, int], Finding]] = {}
         for code in codes:
             rule = RULES[code]
-            for hit in rule.check(ctx):
+            # the accumulation and AMP rules read step functions' bodies at their calls
+            seen = stepped_view(ctx) if code.startswith(_STEPPED) else ctx
+            for hit in rule.check(seen):
                 line = getattr(hit.node, "lineno", 1)
                 # comment_lines may read the source (a header's `:`): only when there are comments
                 if not (suppressions and any(is_suppressed(code, n, suppressions)
-                                             for n in comment_lines(ctx, hit.node))):
+                                             for n in comment_lines(seen, hit.node))):
                     col = _char_col(lines, line, getattr(hit.node, "col_offset", 0)) + 1
-                    findings.add(Finding(path, line, col, code, rule.severity, hit.message, hit.fix))
+                    finding = Finding(path, line, col, code, rule.severity, hit.message + where(hit.node), hit.fix)
+                    origin = getattr(hit.node, "inlined_from", None)
+                    if origin is None:
+                        findings.add(finding)
+                    elif (line, col, code) not in copied or origin[1:] < copied[line, col, code][0]:
+                        copied[line, col, code] = (origin[1:], finding)
+        findings.update(finding for _, finding in copied.values())
     except (RecursionError, MemoryError) as exc:
         # ast.unparse/ast.dump recurse: an expression nested thousands deep exhausts the stack.
         raise LintError(path, 0, f"too deeply nested to lint ({type(exc).__name__}); not linted") from exc

@@ -185,7 +185,15 @@ class _Functions:
 _CACHE: "weakref.WeakKeyDictionary[FileContext, _Functions]" = weakref.WeakKeyDictionary()
 
 
-def _maybe_skipped(ctx: FileContext, loop: TrainingLoop, call: ast.Call) -> bool:
+def functions_of(ctx: FileContext) -> "_Functions":
+    """The file's functions that calls resolve to (:meth:`_Functions.resolve`), built once per file."""
+    functions = _CACHE.get(ctx)
+    if functions is None:
+        functions = _CACHE[ctx] = _Functions(ctx)
+    return functions
+
+
+def maybe_skipped(ctx: FileContext, loop: TrainingLoop, call: ast.Call) -> bool:
     """In a comprehension, or after the first operand of ``and``/``or``: it may not run at all."""
     child: ast.AST = call
     for parent in ctx.ancestors(call, stop=loop.node):
@@ -204,15 +212,13 @@ def called_every_step(ctx: FileContext) -> Iterator[Called]:
     """
     if not ctx.training_loops:
         return
-    functions = _CACHE.get(ctx)
-    if functions is None:
-        functions = _CACHE[ctx] = _Functions(ctx)
+    functions = functions_of(ctx)
     for loop in ctx.training_loops:
         if loop.per_epoch:
             continue
         for call in loop.calls:
             target = functions.resolve(loop, call)
-            if target is None or loop.is_conditional(call) or _maybe_skipped(ctx, loop, call):
+            if target is None or loop.is_conditional(call) or maybe_skipped(ctx, loop, call):
                 continue
             body = functions.body(target)
             if body is not None:
