@@ -209,3 +209,38 @@ def test_a_literal_argument_takes_its_branch() -> None:
     assert _pairs(src.replace("use_amp=False)", "use_amp=True)")) == [("TK202", 13)]
     assert _pairs(src.replace("use_amp=False)", ")")) == [("TK202", 13)]  # the default
     assert _pairs(src.replace("use_amp=False)", "use_amp=flag)")) == [("TK202", 13)]
+
+
+def test_two_calls_sharing_their_locals_in_one_iteration_are_not_read() -> None:
+    # accelerate's test_sync.py shape: one function called for two models in an iteration, the
+    # first dividing its loss, the second under `accelerator.accumulate`; written into one iteration
+    # the two `loss` would be one, and the first's division would count for the second's backward
+    src = """
+    def step_model(model, x, y, divide=False):
+        loss = crit(model(x), y)
+        if divide:
+            loss /= accum_steps
+        loss.backward()
+
+    for i, (x, y) in enumerate(loader):
+        step_model(model, x, y, True)
+        with accelerator.accumulate(ddp_model):
+            step_model(ddp_model, x, y)
+            ddp_opt.step()
+            ddp_opt.zero_grad()
+        if (i + 1) % 2 == 0:
+            opt.step()
+            opt.zero_grad()
+    """
+    assert _pairs(src) == []
+    twice = ACCUMULATE.replace("    train_step(x, y)\n", "    train_step(x, y)\n    train_step(y, x)\n")
+    assert twice != ACCUMULATE and _pairs(twice) == []
+
+
+def test_a_local_whose_name_the_loop_also_uses_is_not_read() -> None:
+    # the loop's `loss` is another variable than the function's: not read as one
+    src = ACCUMULATE.replace("    train_step(x, y)\n", "    train_step(x, y)\n    print(loss)\n")
+    assert src != ACCUMULATE and _pairs(src) == []
+    # the call's own target is the function's result: read
+    assigned = ACCUMULATE.replace("    train_step(x, y)\n", "    loss = train_step(x, y)\n    print(loss)\n")
+    assert _pairs(assigned) == [("TK102", 4), ("TK112", 10)]

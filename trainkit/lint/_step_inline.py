@@ -21,7 +21,11 @@ Only what :mod:`trainkit.lint._step_bodies` reads through a call, and only the p
 * the function is a step function (its own body runs a backward or a step) with plain parameters
   (no ``*args``, ``**kwargs``, keyword-only ones), no ``yield``, ``await``, ``global``/``nonlocal``,
   no ``return`` but a last one, no training loop of its own (a micro-batch loop is read on its own;
-  a batch loop makes it a whole epoch), and no parameter it rebinds given an expression.
+  a batch loop makes it a whole epoch), and no parameter it rebinds given an expression;
+* the names the function binds (its locals) are used nowhere else in the loop's iteration (but as
+  the call's own target: ``loss = train_step(x)`` with a local ``loss``) nor bound by another
+  function read in the same iteration: two calls of one function in a loop (accelerate's tests
+  call ``step_model`` for two models) would share their ``loss``, so neither is read.
 
 One level: the calls inside the copied body are not followed.
 """
@@ -29,9 +33,9 @@ from __future__ import annotations
 
 import ast
 import copy
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
-from trainkit.lint._core import FileContext
+from trainkit.lint._core import FileContext, TrainingLoop
 from trainkit.lint._inline import _bind, _copy_body, _inlinable, _own_nodes, _replace
 from trainkit.lint._step_bodies import Function, functions_of, maybe_skipped
 from trainkit.lint._switches import switched_off
@@ -39,6 +43,8 @@ from trainkit.lint._switches import switched_off
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 # (function name, line of the loop, line of the call), set on every node of a copy
 Origin = Tuple[str, int, int]
+# a call statement to replace, the function it runs, parameter -> argument, and its origin
+_Site = Tuple[ast.stmt, Function, Dict[str, ast.expr], Origin]
 
 
 def where(node: ast.AST) -> str:
@@ -98,13 +104,37 @@ class _Fold(ast.NodeTransformer):
         return block or [ast.copy_location(ast.Pass(), node)]
 
 
-def _sites(ctx: FileContext) -> List[Tuple[ast.stmt, Function, Dict[str, ast.expr], Origin]]:
-    """Each call to write a step function's body at (see the module), with its binding."""
+def _locals(function: Function) -> Set[str]:
+    """The names ``function``'s own body binds, other than its parameters."""
+    args = function.args
+    params = {a.arg for a in args.posonlyargs + args.args}
+    return {n.id for n in _own_nodes(function.body)
+            if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)} - params
+
+
+def _apart(loop: TrainingLoop, found: List[_Site]) -> List[_Site]:
+    """The sites whose function's locals share no name with the loop (the call's own target aside)
+    nor with another site's function: written into one iteration, two ``loss`` would be one."""
+    names = {n.id for n in loop.region if isinstance(n, ast.Name)}
+    names |= {n.id for n in ast.walk(getattr(loop.node, "target", loop.node)) if isinstance(n, ast.Name)}
+    mine = [_locals(function) for _, function, _, _ in found]
     out = []
+    for i, (stmt, function, bound, origin) in enumerate(found):
+        targets = {n.id for t in getattr(stmt, "targets", []) for n in ast.walk(t) if isinstance(n, ast.Name)}
+        shared = any(mine[i] & other for j, other in enumerate(mine) if j != i)
+        if not shared and not mine[i] & (names - targets):
+            out.append((stmt, function, bound, origin))
+    return out
+
+
+def _sites(ctx: FileContext) -> List[_Site]:
+    """Each call to write a step function's body at (see the module), with its binding."""
+    out: List[_Site] = []
     functions = functions_of(ctx)
     for loop in ctx.training_loops:
         if loop.per_epoch:
             continue
+        found: List[_Site] = []
         for call in loop.calls:
             target = functions.resolve(loop, call)
             if target is None or loop.is_conditional(call) or maybe_skipped(ctx, loop, call):
@@ -114,7 +144,8 @@ def _sites(ctx: FileContext) -> List[Tuple[ast.stmt, Function, Dict[str, ast.exp
             stmt = _statement(ctx, call, target)
             bound = _bound(target, call) if stmt is not None else None
             if stmt is not None and bound is not None:
-                out.append((stmt, target, bound, (target.name, loop.node.lineno, call.lineno)))
+                found.append((stmt, target, bound, (target.name, loop.node.lineno, call.lineno)))
+        out += _apart(loop, found)
     return out
 
 
