@@ -5,8 +5,10 @@
 body: the loop trains through the call. A function whose backward or step sits inside a loop of
 its own (``def train(...): for x in loader: ...``) is a whole epoch, not a step: the epoch loop
 that calls it is not a training loop; so is one holding a batch loop that steps, with one more step
-after it for a short last window (TK112's fix). What the function's body runs at every step
-(TK301, TK302) is read through the call by :mod:`trainkit.lint._step_bodies`.
+after it for a short last window (TK112's fix). A call that switches the function's training off
+(``step(..., train=False)``, :mod:`trainkit.lint._switches`) is no step call. What the function's
+body runs at every step (TK301, TK302) is read through the call by :mod:`trainkit.lint._step_bodies`;
+TK1xx and TK2xx read it written at the call (:mod:`trainkit.lint._step_inline`).
 """
 from __future__ import annotations
 
