@@ -7,15 +7,19 @@ AdamW, SGD, Adagrad in torch 2.11 to 2.14) and no group is ``differentiable``; t
 torch's own step must accept it for the optimizer's class and its parameters' devices and dtypes,
 which changes with the release (torch 2.11's Adagrad refuses it on CUDA, 2.13's takes it), so
 torch is asked: see :func:`_accepted`. Where it is not valid the optimizer is left as it is.
-Turning it on also turns ``foreach`` off (the two cannot both be True), and puts the state's
-``step`` tensors where fused state keeps them (float32 on the parameter's device,
-:func:`_host_steps`). ``tk.unpatch`` restores the values, and the steps' place.
+Turning it on also turns ``foreach`` off (the two cannot both be True). Either way the state's
+``step`` tensors go where the switched update reads them (:mod:`._fused_steps`): float32 on the
+parameter's device for fused, a CPU tensor for the for-loop update (left on a GPU, each was an
+``.item()`` sync per parameter per step). ``tk.unpatch`` restores the values, and puts every step
+(those made under the patch too) where the restored update reads it.
 """
 from __future__ import annotations
 
 import inspect
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ._fused_steps import host_steps
 
 
 def _supported_devices() -> List[str]:
@@ -67,7 +71,7 @@ def _accepted(opt: Any) -> bool:
     1-element parameter per (device, dtype) of each group; stepped once first where ``opt`` has
     state there (Adagrad builds its state in the constructor, the others at their first step),
     then switched exactly as :func:`apply` switches ``opt`` (its steps hosted as fused state has
-    them, :func:`_host_steps`) and stepped with a zero gradient.
+    them, :func:`._fused_steps.host_steps`) and stepped with a zero gradient.
     Any exception means no: the step would have raised the same way on ``opt``. It costs a few
     tiny allocations and kernel launches, once, at ``tk.patch`` (0.3 to 3 ms on a CPU, the first
     the most); its step skips torch's step hooks and profiler range (:func:`_unhooked_step`), so
@@ -93,7 +97,7 @@ def _accepted(opt: Any) -> bool:
             for p in g["params"]:
                 p.grad = torch.zeros_like(p)
         _set_fused(twin, True)
-        _host_steps(twin)
+        host_steps(twin)
         step()
     except Exception:  # noqa: BLE001 - what the step raises on opt: torch's "no"
         return False
@@ -158,40 +162,6 @@ def _set_fused(opt: Any, want: bool) -> None:
         opt.defaults["foreach"] = False
 
 
-def _host_steps(opt: Any) -> List[Tuple[Dict[str, Any], Any, Any]]:
-    """Put each ``state["step"]`` tensor of ``opt`` where its fused kernels read it, as torch's
-    ``load_state_dict`` hosts it for a fused group: float32, on its parameter's device (torch's
-    note "special device hosting for step"); returns ``(state, device, dtype)`` of each one moved,
-    for :func:`_unhost_steps`.
-
-    Unfused state keeps a step as a CPU tensor of the default dtype (Adagrad makes it in its
-    constructor, the others at their first step), which fused CUDA kernels do not take; an
-    optimizer switched to fused with such state (resumed, or an Adagrad) stepped on it."""
-    import torch
-
-    moved = []
-    for g in opt.param_groups:
-        for p in g["params"]:
-            state = opt.state.get(p)
-            step = state.get("step") if isinstance(state, dict) else None
-            if isinstance(step, torch.Tensor) and (step.device != p.device
-                                                   or step.dtype != torch.float32):
-                moved.append((state, step.device, step.dtype))
-                state["step"] = step.to(dtype=torch.float32, device=p.device)
-    return moved
-
-
-def _unhost_steps(moved: List[Tuple[Dict[str, Any], Any, Any]]) -> None:
-    """Put the steps :func:`_host_steps` moved back where the unfused update had them, with the
-    count they reached since."""
-    import torch
-
-    for state, device, dtype in moved:
-        step = state.get("step")
-        if isinstance(step, torch.Tensor):
-            state["step"] = step.to(dtype=dtype, device=device)
-
-
 def apply(opt: Any) -> Optional[Callable[[], None]]:
     """Apply the ``fused`` technique to ``opt``; returns the undo, or None when nothing changed.
 
@@ -213,7 +183,7 @@ def apply(opt: Any) -> Optional[Callable[[], None]]:
     saved_defaults = (opt.defaults.get("fused"), opt.defaults.get("foreach"))
     had = opt.__dict__.get("_step_supports_amp_scaling", None)
     _set_fused(opt, want)
-    moved = _host_steps(opt) if want else []
+    host_steps(opt)  # where the switched update reads them: no per-step sync, no failure
     # What the constructor sets with fused=True: GradScaler then leaves unscaling to the kernel.
     opt._step_supports_amp_scaling = want
 
@@ -226,7 +196,7 @@ def apply(opt: Any) -> Optional[Callable[[], None]]:
         for g, fused, foreach in saved:
             g["fused"], g["foreach"] = fused, foreach
         opt.defaults["fused"], opt.defaults["foreach"] = saved_defaults
-        _unhost_steps(moved)
+        host_steps(opt)  # those made under the patch too
         if had is None:
             opt.__dict__.pop("_step_supports_amp_scaling", None)
         else:

@@ -1,0 +1,147 @@
+"""The ``fused`` technique puts the state's ``step`` counters where the switched update reads them.
+
+torch keeps a step where its group's update reads it (its note "special device hosting for
+step"): float32 on the parameter's device for a fused group, a CPU tensor of the default scalar
+dtype for the for-loop update, which reads it with ``.item()``. An optimizer built
+``fused=True`` on a GPU and switched off by the ablation (its baseline) kept its steps on the
+GPU: one ``.item()`` sync per parameter per step. On the CPU both places are the CPU; the dtype
+still tells them apart when the default dtype is float64 (for-loop: float64; fused: float32).
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, List, Set, Tuple
+
+import pytest
+import torch
+
+import trainkit as tk
+from trainkit import switches
+from trainkit.techniques import fused
+from trainkit.techniques._fused_steps import hosted
+
+CLASSES = [torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad]
+
+
+@pytest.fixture
+def float64() -> Iterator[None]:
+    if "cpu" not in fused._supported_devices():
+        pytest.skip("fused optimizer kernels on the CPU need torch >= 2.4")
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+def _model(device: str = "cpu") -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).to(device)
+
+
+def _train(opt: Any, model: torch.nn.Module, steps: int) -> List[torch.Tensor]:
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(1)).to(
+        next(model.parameters()).device)
+    for _ in range(steps):
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _places(opt: Any) -> Set[Tuple[torch.dtype, str, float]]:
+    return {(v["step"].dtype, v["step"].device.type, float(v["step"]))
+            for v in opt.state.values()}
+
+
+def _made(cls: type, device: str = "cpu", **kwargs: Any) -> Tuple[torch.dtype, str]:
+    """Where ``cls(..., **kwargs)`` keeps its steps after one step: torch's own answer."""
+    model = _model(device)
+    opt = cls(model.parameters(), lr=0.05, **kwargs)
+    _train(opt, model, 1)
+    (made,) = {(dtype, dev) for dtype, dev, _ in _places(opt)}
+    return made
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_switched_off_the_steps_go_where_the_for_loop_update_keeps_them(
+        cls: type, float64: None) -> None:
+    """Before the fix they stayed as fused state has them (float32; on a GPU, on the GPU), and
+    the count was kept; unpatched, they go back where fused state has them, with the count."""
+    model, ref_model = _model(), _model()
+    opt = cls(model.parameters(), lr=0.05, fused=True)
+    ref = cls(ref_model.parameters(), lr=0.05, fused=True)
+    _train(opt, model, 2)
+    _train(ref, ref_model, 2)
+    with switches.overrides({"fused": False}):
+        tk.patch(opt)
+    assert opt.param_groups[0]["fused"] is False
+    assert _places(opt) == {(*_made(cls), 2.0)}
+    ref.param_groups[0]["fused"] = False  # the oracle: switched by hand, its steps as they were
+    for a, b in zip(_train(opt, model, 3), _train(ref, ref_model, 3)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    tk.unpatch(opt)
+    assert _places(opt) == {(*_made(cls, fused=True), 5.0)}
+    _train(opt, model, 1)  # the fused step runs on them
+    assert _places(opt) == {(*_made(cls, fused=True), 6.0)}
+
+
+@pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW], ids=lambda c: c.__name__)
+def test_steps_made_under_the_switch_go_where_the_restored_update_keeps_them(
+        cls: type, float64: None) -> None:
+    """State the for-loop update made under the patch (switched off before the first step) is
+    hosted for the fused update ``tk.unpatch`` gives back; before the fix only the steps the
+    patch itself had moved went back, none here (on a GPU, a fused step on CPU steps)."""
+    model = _model()
+    opt = cls(model.parameters(), lr=0.05, fused=True)
+    with switches.overrides({"fused": False}):
+        tk.patch(opt)
+    _train(opt, model, 2)
+    assert _places(opt) == {(*_made(cls), 2.0)}
+    tk.unpatch(opt)
+    assert _places(opt) == {(*_made(cls, fused=True), 2.0)}
+
+
+def test_hosted_puts_a_step_where_each_mode_keeps_it(float64: None) -> None:
+    """The conversion itself, with the dtype and device checks: the CPU's default scalar dtype
+    for the for-loop update, float32 on the parameter's device for fused or capturable; the
+    step itself where it is already there; the count kept."""
+    param = torch.zeros(2)
+    f32, f64 = torch.tensor(7.0, dtype=torch.float32), torch.tensor(7.0, dtype=torch.float64)
+    off, on = hosted(f32, param, False), hosted(f64, param, True)
+    assert (off.dtype, off.device.type, float(off)) == (torch.float64, "cpu", 7.0)
+    assert (on.dtype, on.device.type, float(on)) == (torch.float32, "cpu", 7.0)
+    assert hosted(f64, param, False) is f64 and hosted(f32, param, True) is f32
+    torch.set_default_dtype(torch.float32)
+    assert hosted(f32, param, False) is f32
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_cuda_switched_off_the_steps_leave_the_gpu_and_come_back(cls: type) -> None:
+    """On a GPU: a ``fused=True`` optimizer switched off keeps its steps on the CPU (no
+    ``.item()`` sync per parameter per step), steps as the same optimizer switched by hand
+    whose steps torch's own for-loop update made, and ``tk.unpatch`` puts them back on the
+    GPU in float32, where its fused step runs."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    if cls is torch.optim.Adagrad and not fused._accepted(
+            cls(_model("cuda").parameters(), lr=0.05, fused=True)):
+        pytest.skip("this torch's Adagrad takes no fused step on CUDA")
+    model, ref_model = _model("cuda"), _model("cuda")
+    opt = cls(model.parameters(), lr=0.05, fused=True)
+    ref = cls(ref_model.parameters(), lr=0.05, fused=True)
+    _train(opt, model, 2)
+    _train(ref, ref_model, 2)
+    assert {d for _, d, _ in _places(opt)} == {"cuda"}
+    with switches.overrides({"fused": False}):
+        tk.patch(opt)
+    assert _places(opt) == {(*_made(cls, "cuda"), 2.0)}
+    assert _made(cls, "cuda")[1] == "cpu"
+    ref.param_groups[0]["fused"] = False
+    for st in ref.state.values():  # the oracle's steps where its own for-loop update keeps them
+        st["step"] = st["step"].cpu()
+    for a, b in zip(_train(opt, model, 3), _train(ref, ref_model, 3)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    tk.unpatch(opt)
+    assert _places(opt) == {(torch.float32, "cuda", 5.0)}
+    _train(opt, model, 1)
+    assert _places(opt) == {(torch.float32, "cuda", 6.0)}
