@@ -145,3 +145,69 @@ def test_cuda_switched_off_the_steps_leave_the_gpu_and_come_back(cls: type) -> N
     assert _places(opt) == {(torch.float32, "cuda", 5.0)}
     _train(opt, model, 1)
     assert _places(opt) == {(torch.float32, "cuda", 6.0)}
+
+
+def _switched_on(model: torch.nn.Module) -> Any:
+    """An unfused Adam with state (two steps), patched under a ``fused=True`` override."""
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    _train(opt, model, 2)
+    with switches.overrides({"fused": True}):
+        tk.patch(opt)
+    assert opt.param_groups[0]["fused"] is True
+    return opt
+
+
+def test_a_group_added_under_the_switch_takes_it_and_unpatch_gives_it_back(float64: None) -> None:
+    """Before the fix the group added with ``add_param_group`` kept ``fused=True`` after
+    ``tk.unpatch`` (only the groups at the patch were restored), its steps as fused keeps them."""
+    model = _model()
+    opt = _switched_on(model)
+    extra = torch.nn.Parameter(torch.ones(3))
+    opt.add_param_group({"params": [extra]})
+    mine = torch.nn.Parameter(torch.ones(3))
+    opt.add_param_group({"params": [mine], "fused": False})  # the caller's own value: kept
+    assert [g["fused"] for g in opt.param_groups] == [True, True, False]
+    extra.grad = torch.ones(3)
+    _train(opt, model, 1)
+    tk.unpatch(opt)
+    assert [(g["fused"], g["foreach"]) for g in opt.param_groups] == [(None, None)] * 2 \
+        + [(False, None)]
+    assert opt.state[extra]["step"].dtype == torch.float64  # where the for-loop update keeps it
+
+
+def test_a_state_dict_saved_under_the_switch_is_the_unpatched_ones(float64: None) -> None:
+    """Before the fix it carried ``fused=True`` and the fused steps into the optimizer it was
+    loaded into later: a plain resume ran fused, with its steps on the device. The live state is
+    left as it is."""
+    model, ref_model = _model(), _model()
+    opt = _switched_on(model)
+    ref = torch.optim.Adam(ref_model.parameters(), lr=0.05)  # never patched: the oracle
+    _train(ref, ref_model, 2)
+    live = [opt.state[p]["step"] for p in model.parameters()]
+    saved = opt.state_dict()
+    assert saved["param_groups"] == ref.state_dict()["param_groups"]
+    assert {(v["step"].dtype, float(v["step"])) for v in saved["state"].values()} \
+        == {(torch.float64, 2.0)}
+    assert [opt.state[p]["step"] for p in model.parameters()] == live  # the same tensors
+    assert {v["step"].dtype for v in opt.state.values()} == {torch.float32}
+    later = torch.optim.Adam(_model().parameters(), lr=0.05)
+    later.load_state_dict(saved)
+    assert later.param_groups[0]["fused"] is None
+    assert {v["step"].dtype for v in later.state.values()} == {torch.float64}
+
+
+def test_a_checkpoint_loaded_under_the_switch_keeps_it(float64: None) -> None:
+    """``load_state_dict`` replaces the groups with the checkpoint's: before the fix a resume
+    under the ablation's ``fused=True`` ran unfused from there on, measured as fused. Unpatched,
+    the groups hold the checkpoint's values."""
+    model = _model()
+    opt = _switched_on(model)
+    opt.load_state_dict(_switched_on(_model()).state_dict())  # saved as unpatched: fused None
+    assert opt.param_groups[0]["fused"] is True
+    assert {(v["step"].dtype, float(v["step"])) for v in opt.state.values()} \
+        == {(torch.float32, 2.0)}
+    plain = torch.optim.Adam(_model().parameters(), lr=0.05, foreach=False)
+    opt.load_state_dict(plain.state_dict())  # foreach=False, no state
+    assert opt.param_groups[0]["fused"] is True
+    tk.unpatch(opt)
+    assert (opt.param_groups[0]["fused"], opt.param_groups[0]["foreach"]) == (None, False)

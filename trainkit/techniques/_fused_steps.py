@@ -1,5 +1,5 @@
-"""Where an optimizer's ``state["step"]`` counters live, by mode: the ``fused`` technique's
-bookkeeping (trainkit.techniques.fused).
+"""Where an optimizer's ``state["step"]`` counters live, by mode, and what a switched optimizer
+hands to ``state_dict``: the ``fused`` technique's bookkeeping (trainkit.techniques.fused).
 
 torch keeps a step counter where the group's update reads it (its note "special device hosting
 for step"): a float32 tensor on the parameter's device for a ``fused`` or ``capturable`` group,
@@ -10,7 +10,10 @@ parameter per step; fused CUDA kernels do not take one left on the CPU.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Tuple
+
+#: A group's own ``fused`` and ``foreach`` values: what it holds unpatched.
+Own = Tuple[Any, Any]
 
 
 _CURRENT = object()
@@ -55,6 +58,89 @@ def _steps(opt: Any) -> Iterator[Tuple[Dict[str, Any], Any, Dict[str, Any]]]:
 
 def host_steps(opt: Any) -> None:
     """Put every step counter of ``opt`` where its group's update (as it stands now) reads it:
-    after ``fused`` was switched, on or off, and back."""
+    after ``fused`` was switched, on or off, and after ``load_state_dict`` under the switch."""
     for g, p, state in _steps(opt):
         state["step"] = hosted(state["step"], p, on_device(g))
+
+
+class OwnValues:
+    """The ``fused`` and ``foreach`` values each group of a switched optimizer holds unpatched.
+
+    Kept by group identity: the groups at the switch, and those ``load_state_dict`` makes under it
+    (:meth:`note`). A group ``add_param_group`` added under the switch took the switched
+    ``defaults`` (``setdefault``); its own values are the unpatched defaults, unless it carries a
+    value other than the switched one (given by the caller, who wanted it).
+    """
+
+    def __init__(self, opt: Any, switched: Any) -> None:
+        self._groups: Dict[int, Tuple[Dict[str, Any], Own]] = {}
+        self.defaults: Own = (opt.defaults.get("fused"), opt.defaults.get("foreach"))
+        self.switched = switched
+        self.note(opt.param_groups)
+
+    def note(self, groups: List[Dict[str, Any]]) -> None:
+        """Record ``groups``' current values as their own (before the switch is applied)."""
+        for g in groups:
+            self._groups[id(g)] = (g, (g.get("fused"), g.get("foreach")))
+
+    def of(self, g: Dict[str, Any]) -> Own:
+        """``g``'s own ``(fused, foreach)``."""
+        kept = self._groups.get(id(g))
+        if kept is not None and kept[0] is g:
+            return kept[1]
+        if g.get("fused") != self.switched:  # the caller's own value: kept as given
+            return g.get("fused"), g.get("foreach")
+        return self.defaults
+
+    def restore(self, opt: Any) -> None:
+        """Give every group of ``opt`` and its defaults their own values, and its steps the
+        place their update reads them from."""
+        for g in opt.param_groups:
+            g["fused"], g["foreach"] = self.of(g)
+        opt.defaults["fused"], opt.defaults["foreach"] = self.defaults
+        host_steps(opt)
+
+    def unswitched_state_dict(self, opt: Any, state_dict: Dict[str, Any]) -> Dict[str, Any]:
+        """``state_dict`` (``opt.state_dict()``'s result) as the unpatched ``opt`` would save it:
+        each group's own ``fused``/``foreach``, and its steps hosted for that mode (new tensors:
+        the live state is left as it is; the saved per-parameter dicts are copies)."""
+        saved_groups = state_dict.get("param_groups", [])
+        index: Dict[int, int] = {}
+        for g, saved in zip(opt.param_groups, saved_groups):
+            for p in g["params"]:
+                index.setdefault(id(p), len(index))  # state_dict's own numbering
+            if "fused" in saved:
+                saved["fused"], saved["foreach"] = self.of(g)
+        saved_state = state_dict.get("state", {})
+        for g, p, state in _steps(opt):
+            own = on_device(g, self.of(g)[0])
+            i = index.get(id(p))
+            if own != on_device(g) and i in saved_state and saved_state[i] is state:
+                saved_state[i] = dict(state, step=hosted(state["step"], p, own))
+        return state_dict
+
+
+def hooks(opt: Any, own: OwnValues, reapply: Callable[[Any], None]) -> Callable[[], None]:
+    """Register on ``opt`` the ``state_dict`` post-hook that saves its own values
+    (:meth:`OwnValues.unswitched_state_dict`), and the ``load_state_dict`` post-hook that notes
+    the loaded groups' values as their own and applies the switch again (``reapply``: a
+    checkpoint's groups replace the switched ones); returns what removes both. Nothing where this
+    torch has no such hooks.
+
+    The load hook goes first (``prepend``): a compiled step's hook that keeps state tensors'
+    identity (trainkit.techniques._state_keeper) then sees the steps where they will stay."""
+    if not hasattr(opt, "register_load_state_dict_post_hook"):
+        return lambda: None
+
+    def loaded(optimizer: Any) -> None:
+        own.note(optimizer.param_groups)
+        reapply(optimizer)
+
+    handles = [opt.register_state_dict_post_hook(own.unswitched_state_dict),
+               opt.register_load_state_dict_post_hook(loaded, prepend=True)]
+
+    def remove() -> None:
+        for h in handles:
+            h.remove()
+
+    return remove

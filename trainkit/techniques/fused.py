@@ -10,8 +10,11 @@ torch is asked: see :func:`_accepted`. Where it is not valid the optimizer is le
 Turning it on also turns ``foreach`` off (the two cannot both be True). Either way the state's
 ``step`` tensors go where the switched update reads them (:mod:`._fused_steps`): float32 on the
 parameter's device for fused, a CPU tensor for the for-loop update (left on a GPU, each was an
-``.item()`` sync per parameter per step). ``tk.unpatch`` restores the values, and puts every step
-(those made under the patch too) where the restored update reads it.
+``.item()`` sync per parameter per step). Groups added with ``add_param_group`` take the switch;
+``optimizer.state_dict()`` saves what the unpatched optimizer would (its own ``fused`` values,
+its steps hosted for them), and ``load_state_dict`` under the patch keeps the switch.
+``tk.unpatch`` gives every group, those added or loaded since too, its own values back, and the
+steps their place.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import inspect
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ._fused_steps import host_steps
+from ._fused_steps import OwnValues, host_steps, hooks
 
 
 def _supported_devices() -> List[str]:
@@ -179,13 +182,17 @@ def apply(opt: Any) -> Optional[Callable[[], None]]:
     if bool(want) == bool(current) or not _valid(opt, bool(want)):
         return None
     want = bool(want)
-    saved = [(g, g.get("fused"), g.get("foreach")) for g in opt.param_groups]
-    saved_defaults = (opt.defaults.get("fused"), opt.defaults.get("foreach"))
+    own = OwnValues(opt, want)
     had = opt.__dict__.get("_step_supports_amp_scaling", None)
-    _set_fused(opt, want)
-    host_steps(opt)  # where the switched update reads them: no per-step sync, no failure
+
+    def switch(opt: Any) -> None:
+        _set_fused(opt, want)
+        host_steps(opt)  # where the switched update reads them: no per-step sync, no failure
+
+    switch(opt)
     # What the constructor sets with fused=True: GradScaler then leaves unscaling to the kernel.
     opt._step_supports_amp_scaling = want
+    remove_hooks = hooks(opt, own, switch)
 
     ref = weakref.ref(opt)  # the undo is kept in the optimizer's patch: no cycle through it
 
@@ -193,10 +200,8 @@ def apply(opt: Any) -> Optional[Callable[[], None]]:
         opt = ref()
         if opt is None:
             return
-        for g, fused, foreach in saved:
-            g["fused"], g["foreach"] = fused, foreach
-        opt.defaults["fused"], opt.defaults["foreach"] = saved_defaults
-        host_steps(opt)  # those made under the patch too
+        remove_hooks()
+        own.restore(opt)  # groups added or loaded since too, and the steps for their mode
         if had is None:
             opt.__dict__.pop("_step_supports_amp_scaling", None)
         else:
