@@ -252,7 +252,8 @@ def optimizer_patch(opt: Any) -> Optional[OptimizerPatch]:
     return opt.__dict__.get(_ATTR) if hasattr(opt, "__dict__") else None
 
 
-def _patch_optimizer(opt: Any, *, compile: bool) -> Any:
+def _patch_optimizer(opt: Any, *, compile: bool, mode: Optional[str] = None,
+                     fullgraph: bool = False) -> Any:
     p = optimizer_patch(opt)
     fresh = p is None
     if fresh:
@@ -264,7 +265,7 @@ def _patch_optimizer(opt: Any, *, compile: bool) -> Any:
     if compile and not p.compiled:  # before any change: a torch that cannot compile raises here
         from .techniques.compiled_step import compile_core
 
-        core = compile_core(opt, p.orig_step)
+        core = compile_core(opt, p.orig_step, mode=mode, fullgraph=fullgraph)
     if fresh:
         opt.__dict__[_ATTR] = p
         # Bound to a weak proxy: a bound method in its own __dict__ would keep it alive.

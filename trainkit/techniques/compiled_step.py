@@ -113,6 +113,7 @@ class _Compiled:
         for where in ("ctx_manager", "torch"):  # its logger (torch <= 2.6: ...variables.torch)
             logging.getLogger("torch._dynamo.variables." + where).addFilter(_QUIET)  # a set
         self.compiled = torch.compile(fn, mode=mode, fullgraph=fullgraph)
+        self.mode, self.fullgraph = mode, fullgraph  # a second compiled_step(opt)'s check
         self.fn = fn  # run as it is where torch's compiled step would be wrong (_hyper)
         self.eager = False
         self.optimizers = optimizers
@@ -326,7 +327,9 @@ def compiled_step(target: Any = None, *, mode: Optional[Mode] = None,
     Three forms: ``@tk.compiled_step`` or ``@tk.compiled_step(mode=..., fullgraph=...)`` on a
     function that steps the optimizer(s) it names (globals, closure cells or default
     arguments); and ``tk.compiled_step(optimizer)``, which compiles that optimizer's own step in
-    place (the same as ``tk.patch(optimizer, compile=True)``) and returns the optimizer.
+    place (the same as ``tk.patch(optimizer, compile=True)``) and returns the optimizer; asked
+    again with the same options it returns it as it is, with other ``mode``/``fullgraph`` it
+    raises ValueError (``tk.unpatch(optimizer)`` first to compile it again).
 
     ``lr`` and Adam/AdamW ``betas`` are handed to the compiled code as tensors refreshed before
     each call, so schedulers (LinearLR, OneCycleLR, ReduceLROnPlateau...) cause no recompile;
@@ -360,15 +363,28 @@ def compiled_step(target: Any = None, *, mode: Optional[Mode] = None,
 
         p = optimizer_patch(target)
         if p is not None and p.compiled:
+            _check_same_options(target, getattr(p.core, "trainkit_compiled", None), mode, fullgraph)
             return target
-        _patch_optimizer(target, compile=False)
-        p = optimizer_patch(target)
-        p.core = compile_core(target, p.orig_step, mode=mode, fullgraph=fullgraph)
-        p.compiled = True
-        return target
+        # Compiled before the patch changes anything, as tk.patch(opt, compile=True): a torch
+        # that cannot compile raises with the optimizer as it was.
+        return _patch_optimizer(target, compile=True, mode=mode, fullgraph=fullgraph)
     if target is None:
         return functools.partial(_decorate_checked, mode=mode, fullgraph=fullgraph)
     return _decorate_checked(target, mode=mode, fullgraph=fullgraph)
+
+
+def _check_same_options(opt: Any, compiled: Optional[_Compiled], mode: Optional[str],
+                        fullgraph: bool) -> None:
+    """Refuse other options for a step compiled already: it ran on with its old mode silently."""
+    if compiled is None or (compiled.mode or "default", compiled.fullgraph) \
+            == (mode or "default", fullgraph):  # (None: the compile technique is off)
+        return
+    again = "optimizer" + (f", mode={mode!r}" if mode else "")
+    again += ", fullgraph=True" if fullgraph else ""
+    raise ValueError(f"compiled_step({brief(opt)}, mode={mode!r}, fullgraph={fullgraph!r}): its "
+                     f"step is compiled already, with mode={compiled.mode!r}, fullgraph="
+                     f"{compiled.fullgraph!r}; to compile it with other options, undo it first: "
+                     f"tk.unpatch(optimizer); tk.compiled_step({again})")
 
 
 def _decorate_checked(fn: Any, *, mode: Optional[str], fullgraph: bool) -> Callable[..., Any]:
