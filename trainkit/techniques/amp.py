@@ -7,7 +7,8 @@ already reads its found-inf flag on the host before it decides to call ``optimiz
 optimizer really stepped. Optimizers that take the scaling into their own kernel
 (``_step_supports_amp_scaling``: fused Adam/AdamW/SGD) are always called, so for them the
 found-inf flags are added up and read with ``.item()`` — one sync per real step on CUDA (however
-many devices the parameters are on), the price of the bool
+many devices the parameters are on: each other device's 4-byte flag is a device-to-device copy
+queued onto the first one's, which does not wait on the host), the price of the bool
 ``amp.step`` returns. The scale is recorded as a copy of the scale tensor (resolved by the writer
 thread, never read in the step) on CUDA, as a float on the CPU.
 
@@ -260,7 +261,8 @@ def _step_watched(scaler: Any, optimizer: Any) -> bool:
     """``scaler.step(optimizer)``; True when the optimizer really stepped (no extra sync)."""
     if getattr(optimizer, "_step_supports_amp_scaling", False):
         flags = list(scaler._found_inf_per_device(optimizer).values())
-        # One read (see the module docstring): the devices' flags added up on the first one.
+        # One read (see the module docstring): the devices' flags added up on the first one;
+        # a copy between two GPUs is queued (no host sync), so only .item() waits.
         bad = sum((f.to(flags[0].device) for f in flags[1:]), flags[0]) if flags else None
         if bad is not None and bad.item():
             # Skipped: not called at all, as GradScaler does for other optimizers. Called, its
