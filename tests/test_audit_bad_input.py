@@ -258,3 +258,17 @@ def test_refused_log_keeps_the_records_and_the_session(tmp_path, args, kwargs, e
         s.log("loss", 3.0, step=5)  # averaged with the 1.0 only
         s.log("loss", 5.0, step=6)
     assert scalars(str(tmp_path))["loss"] == [(5, 2.0), (6, 5.0)]
+
+
+@pytest.mark.parametrize("value, kind", [(3, "got int"), (None, "got NoneType"),
+                                         ("runs/exp1", "got str"),
+                                         (torch.nn.Linear(2, 2), "got a model (nn.Module)")])
+def test_unpatch_of_what_patch_never_takes_raises_as_patch_does(value, kind):
+    """Before the fix ``tk.unpatch(3)`` returned 3 and ``tk.unpatch(None)`` None, silently (a
+    variable holding the wrong thing, found nowhere); ``tk.patch`` raises TypeError for them."""
+    with pytest.raises(TypeError):
+        tk.patch(value)
+    with pytest.raises(TypeError) as info:
+        tk.unpatch(value)
+    msg = str(info.value)
+    assert msg.startswith(f"unpatch({value!r})") and kind in msg and "tk.unpatch(optimizer)" in msg

@@ -1,11 +1,12 @@
 """The kinds of patched loader: ``tk.patch(loader)`` gives one that is sized, a context
 manager, and an iterator (``next()``) where its source is (:func:`wrap`), and refuses what no
-loop should be given as a loader (:func:`check_loader`). The per-batch recording is
+loop should be given as a loader (:func:`check_loader`; given to ``tk.unpatch``,
+:func:`check_unpatchable`). The per-batch recording is
 :class:`trainkit.loader.PatchedLoader`'s."""
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, Optional
 
 from ._text import brief
 from .loader import _S, _patched, PatchedLoader, SizedPatchedLoader
@@ -22,6 +23,50 @@ def check_loader(obj: Any) -> None:
                         f"DataLoader takes samples from; patch the DataLoader that batches it, "
                         f"e.g. loader = tk.patch(DataLoader(dataset, batch_size=64)) (a dataset "
                         f"whose items are whole batches: tk.patch(iter(dataset)))")
+    kind = refused_kind(obj)
+    if kind is not None:
+        raise TypeError(f"patch({brief(obj)}): expected a torch.optim.Optimizer or an iterable data "
+                        f"loader, got {kind}; e.g. tk.patch(optimizer) and loader = tk.patch(loader)")
+
+
+def refuse_optimizers_in_a_sequence(obj: Any, what: str) -> None:
+    """Raise TypeError for a list or tuple of optimizers given to ``tk.patch``/``tk.unpatch``
+    (``what``): iterable, it was taken for a loader of optimizers, and neither was patched."""
+    import torch
+
+    if isinstance(obj, (list, tuple)) and any(
+            isinstance(x, torch.optim.Optimizer) for x in obj[:8]):
+        names = ", ".join(type(x).__name__ for x in obj[:4]) + (", ..." if len(obj) > 4 else "")
+        shown = f"[{names}]" if isinstance(obj, list) else f"({names})"
+        raise TypeError(f"{what}({shown}): a {type(obj).__name__} of optimizers is {what}ed "
+                        f"one optimizer at a time, e.g. tk.{what}(opt_g); tk.{what}(opt_d) (or "
+                        f"for opt in optimizers: tk.{what}(opt))")
+
+
+def check_unpatchable(obj: Any) -> None:
+    """Raise TypeError for what ``tk.patch`` refuses, given to ``tk.unpatch``: it can never have
+    been patched (an int, None, a str, a model), so the call is a mistake, not a no-op."""
+    import torch
+
+    if isinstance(obj, torch.optim.Optimizer):
+        return  # one never patched: nothing to undo
+    kind = refused_kind(obj, "unpatch")
+    if kind is None and isinstance(obj, torch.utils.data.Dataset) \
+            and not hasattr(obj, "__iter__"):
+        kind = f"a map-style {type(obj).__name__}"
+    if kind is not None:
+        raise TypeError(f"unpatch({brief(obj)}): tk.patch never takes this, so there is nothing "
+                        f"to undo: expected an optimizer or a data loader, got {kind}; e.g. "
+                        f"tk.unpatch(optimizer) and loader = tk.unpatch(loader), with the loader "
+                        f"tk.patch returned")
+
+
+def refused_kind(obj: Any, verb: str = "patch") -> Optional[str]:
+    """What ``obj`` is, said for ``verb``'s error, where ``tk.patch`` takes it for no data loader
+    (a str, a tensor, a model, what is not iterable); None where it does. A map-style ``Dataset``
+    is left to the callers' own message."""
+    import torch
+
     kind = None
     if isinstance(obj, (str, bytes, dict, torch.Tensor)):
         kind = type(obj).__name__
@@ -32,10 +77,8 @@ def check_loader(obj: Any) -> None:
         kind = type(obj).__name__
         if isinstance(getattr(obj, "__self__", getattr(obj, "optimizer", None)),
                       torch.optim.Optimizer):  # a scheduler, or optimizer.step
-            kind += " of an optimizer: patch the optimizer itself"
-    if kind is not None:
-        raise TypeError(f"patch({brief(obj)}): expected a torch.optim.Optimizer or an iterable data "
-                        f"loader, got {kind}; e.g. tk.patch(optimizer) and loader = tk.patch(loader)")
+            kind += f" of an optimizer: {verb} the optimizer itself"
+    return kind
 
 
 class _Context:

@@ -346,7 +346,7 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
     """
     import torch
 
-    from ._loader_kinds import check_loader, wrap
+    from ._loader_kinds import check_loader, refuse_optimizers_in_a_sequence, wrap
     from .loader import PatchedLoader
 
     if not isinstance(compile, bool):
@@ -363,7 +363,7 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
         return obj
     # A GAN's pair, tk.patch([opt_g, opt_d]): iterable, so it became a "loader" of optimizers,
     # and neither optimizer was patched (no step counted, nothing said).
-    _refuse_optimizers_in_a_sequence(obj, "patch")
+    refuse_optimizers_in_a_sequence(obj, "patch")
     check_loader(obj)
     if compile:
         raise TypeError("patch(loader, compile=True): compile applies to optimizers only, "
@@ -374,34 +374,27 @@ def patch(obj: Any, *, compile: bool = False) -> Any:
     return wrap(source, obj)
 
 
-def _refuse_optimizers_in_a_sequence(obj: Any, what: str) -> None:
-    import torch
-
-    if isinstance(obj, (list, tuple)) and any(
-            isinstance(x, torch.optim.Optimizer) for x in obj[:8]):
-        names = ", ".join(type(x).__name__ for x in obj[:4]) + (", ..." if len(obj) > 4 else "")
-        shown = f"[{names}]" if isinstance(obj, list) else f"({names})"
-        raise TypeError(f"{what}({shown}): a {type(obj).__name__} of optimizers is {what}ed "
-                        f"one optimizer at a time, e.g. tk.{what}(opt_g); tk.{what}(opt_d) (or "
-                        f"for opt in optimizers: tk.{what}(opt))")
-
-
 def unpatch(obj: Any) -> Any:
     """Undo :func:`patch`: the optimizer is restored in place; a loader's original is returned.
+
+    One never patched is returned as it is; what ``patch`` refuses (an int, None) raises TypeError.
 
     Example::
 
         tk.unpatch(optimizer); loader = tk.unpatch(loader)
     """
+    from ._loader_kinds import check_unpatchable, refuse_optimizers_in_a_sequence
     from .loader import PatchedLoader
 
     if isinstance(obj, PatchedLoader):
         return obj.original
-    _refuse_optimizers_in_a_sequence(obj, "unpatch")  # it returned the list, each still patched
+    refuse_optimizers_in_a_sequence(obj, "unpatch")  # it returned the list, each still patched
     if hasattr(obj, "__dict__") and _ATTR in obj.__dict__:
         return _unpatch_optimizer(obj)
     inner = inner_optimizer(obj)
     if inner is not None and _ATTR in inner.__dict__:
         _unpatch_optimizer(inner)
         repoint_saved_step(obj, inner)
+        return obj
+    check_unpatchable(obj)  # 3, None, a str: a mistake; an optimizer or iterable: a no-op
     return obj
