@@ -74,6 +74,10 @@ def test_zero_grad_after_a_backward_oom_keeps_its_half_in_the_window(recwarn) ->
             opt.zero_grad()
     got = [p.detach().clone() for p in model.parameters()]
     assert not _same(got, _oracle(skip=[BAD]))
+    # ...and the held zero_grad() says so, with the fix for this case (not only a GAN's)
+    said = [str(w.message) for w in recwarn.list if "gradients were added" in str(w.message)]
+    assert len(said) == 1 and "out of memory" in said[0] and "leave the tk.accumulate block" \
+        in said[0], said
 
 
 def test_a_forward_oom_is_skipped_inside_the_block() -> None:

@@ -145,7 +145,8 @@ def check_added_grads(acc: Any) -> None:
     """Warn (once a block) of a ``zero_grad()`` held inside a window where gradients were added
     to the optimizer's parameters after its last ``step()`` call: another loss's backward reached
     them (a GAN's generator loss through the discriminator, which the tutorials' next
-    ``netD.zero_grad()`` clears), and holding the zero_grad keeps them in the window's sum."""
+    ``netD.zero_grad()`` clears), or a backward failed halfway (out of memory) and the
+    ``zero_grad()`` was meant to drop its batch; holding it keeps them in the window's sum."""
     now = grad_marks(acc.optimizer)
     if len(now) == len(acc._marks) and all(
             t is u and v == w for (t, v), (u, w) in zip(acc._marks, now)):
@@ -153,10 +154,13 @@ def check_added_grads(acc: Any) -> None:
     warn_once(acc, "added grads",
         f"zero_grad() inside a tk.accumulate({acc.n}, {type(acc.optimizer).__name__}) window is "
         f"held, but gradients were added to its parameters since its last optimizer.step() "
-        f"call (another loss's backward reached them, e.g. a GAN's generator loss through the "
-        f"discriminator): they stay in the window's sum, which a big batch would not have. Keep "
-        f"that backward off these parameters, e.g. discriminator.requires_grad_(False) around "
-        f"the generator's backward (and requires_grad_(True) after)")
+        f"call: they stay in the window's sum, which a big batch would not have. If another "
+        f"loss's backward reached them (a GAN's generator loss through the discriminator), keep "
+        f"it off these parameters: discriminator.requires_grad_(False) around the generator's "
+        f"backward (and requires_grad_(True) after). If a backward failed halfway (out of "
+        f"memory) and this zero_grad() was to drop its batch, it cannot inside a window: let "
+        f"the error leave the tk.accumulate block, which drops the window in progress, and open "
+        f"a new block on the remaining batches (README, tk.accumulate)")
 
 
 def refuse_user_scaler_step(n: int, *, boundary: bool) -> NoReturn:
