@@ -25,7 +25,7 @@ from trainkit.lint._calls import calls_step_function, step_function_defs
 from trainkit.lint._conditions import Branching
 from trainkit.lint._inline import inline_loop_functions
 from trainkit.lint._nodes import dotted, is_reciprocal, method_name, pos, receiver
-from trainkit.lint._switches import switches
+from trainkit.lint._switches import guarded_off, switches
 
 LoopNode = Union[ast.For, ast.AsyncFor, ast.While]
 
@@ -297,8 +297,9 @@ class FileContext:
         if loop not in self._training:
             self._training[loop] = False  # guards against cycles; loops nest as a tree
             region = self._region(loop)
+            # a backward or step under `if model.training:` after `model.eval()` never runs there
             self._training[loop] = any(
-                isinstance(n, ast.Call) and (self.is_backward(n) or self.is_step(n)
+                isinstance(n, ast.Call) and (((self.is_backward(n) or self.is_step(n)) and not guarded_off(self, loop, n))
                                              or calls_step_function(self, n))
                 for n in region
             )

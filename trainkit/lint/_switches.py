@@ -15,6 +15,13 @@ a training loop for an evaluation one hides its findings:
   it not None; nothing else (``train=is_training``) is read, nor a call with ``*args``/``**kwargs``;
 * every function of the file by that name that runs a step is switched off by the call.
 
+The model's own mode is such a switch too: ``if model.training:`` (or ``if not model.training:
+return``) with ``model`` a parameter (or ``self.model``, ``self`` bound to the caller's ``self``)
+that the function leaves as it gets it (no statement of it may change the mode, see
+:mod:`trainkit.lint._modes`, and no gradients switched back on), called from a loop the file runs
+in eval mode: ``model.eval()`` before it, or ``torch.no_grad()`` around it. A loop's own backward
+and step under such a test are read the same way (:func:`guarded_off`).
+
 The same reading tells which statements of a function a call never runs (:func:`never_runs`): the
 training loop's ``step(model, batch, opt)`` (``train=True`` by default) never runs ``if not train:
 return loss.item()``, so TK301 and TK302 do not read it through that call.
@@ -23,6 +30,9 @@ from __future__ import annotations
 
 import ast
 from typing import TYPE_CHECKING, Dict, List, Optional, Set, Union
+
+from trainkit.lint._modes import grad_back_on, innermost_loop, may_change, mode_before
+from trainkit.lint._nodes import dotted
 
 if TYPE_CHECKING:
     from trainkit.lint._core import FileContext
@@ -45,6 +55,8 @@ def _need(test: ast.expr, holds: bool, out: Needs) -> None:
                 _need(value, holds, out)
     elif isinstance(test, ast.Name):
         out.setdefault(test.id, set()).add(_TRUTHY if holds else _FALSY)
+    elif isinstance(test, ast.Attribute) and test.attr == "training" and dotted(test.value):
+        out.setdefault(dotted(test) or "", set()).add(_TRUTHY if holds else _FALSY)  # `if model.training:`
     elif (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name)
           and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None
           and isinstance(test.ops[0], (ast.Is, ast.IsNot))):
@@ -113,7 +125,16 @@ def switches(ctx: "FileContext", function: Function) -> Needs:
             if not found:
                 return {}
     fixed = _fixed(function, own)
-    return {name: need for name, need in (found or {}).items() if name in fixed}
+    return {name: need for name, need in (found or {}).items()
+            if name in fixed or (name.split(".")[0] in fixed and _mode_kept(ctx, function, name))}
+
+
+def _mode_kept(ctx: "FileContext", function: Function, key: str) -> bool:
+    """Whether ``function`` leaves the mode that ``key`` (``model.training``) reads as its caller set
+    it: no statement of its body may change it, and it does not switch gradients back on (under
+    ``torch.no_grad()`` the caller's mode is read as eval, see :mod:`trainkit.lint._modes`)."""
+    name = key[:-len(".training")]
+    return not grad_back_on([function]) and not any(may_change(ctx, stmt, name) for stmt in function.body)
 
 
 def _argument(function: Function, call: ast.Call, name: str, *, default: bool = False) -> Optional[ast.expr]:
@@ -128,6 +149,8 @@ def _argument(function: Function, call: ast.Call, name: str, *, default: bool = 
     params = [a.arg for a in args.posonlyargs + args.args]
     # `self.f(x)` binds the method's first parameter to `self`
     first = 1 if isinstance(call.func, ast.Attribute) and params and not function.decorator_list else 0
+    if first and name == params[0]:
+        return call.func.value  # type: ignore[attr-defined]
     if name in params:
         index = params.index(name)
         if first <= index < first + len(call.args):
@@ -150,11 +173,40 @@ def _contradicts(value: Optional[ast.expr], needs: Set[str]) -> bool:
             or (_NOT_NONE in needs and none) or (_NONE in needs and not none))
 
 
+def _value(ctx: "FileContext", function: Function, call: ast.Call, key: str) -> Optional[ast.expr]:
+    """What ``call`` gives the switch ``key``: the argument (or default) of a parameter, or for
+    ``model.training`` the mode the caller's loop runs its argument in, as a literal; None if unknown."""
+    if "." not in key:
+        return _argument(function, call, key, default=True)
+    root, _, rest = key[:-len(".training")].partition(".")
+    base = dotted(_argument(function, call, root) or ast.Constant(None))
+    loop = innermost_loop(ctx, call)
+    if base is None or loop is None:
+        return None
+    mode = mode_before(ctx, loop, ".".join(p for p in (base, rest) if p))
+    return None if mode is None else ast.Constant(mode)
+
+
+def guarded_off(ctx: "FileContext", loop: ast.AST, node: ast.AST) -> bool:
+    """Whether ``node`` (a backward or a step in ``loop``'s own body) runs only under ``if
+    model.training:`` (or after ``if not model.training: return``) where ``model`` is in eval mode
+    while its loop runs (:mod:`trainkit.lint._modes`): ``model.eval()`` before the loop."""
+    inner = innermost_loop(ctx, node)
+    if inner is None:
+        return False
+    for key, needs in _needs_of(ctx.parents, loop, node).items():  # type: ignore[arg-type]
+        if key.endswith(".training"):
+            mode = mode_before(ctx, inner, key[:-len(".training")])
+            if mode is not None and _contradicts(ast.Constant(mode), needs):
+                return True
+    return False
+
+
 def switched_off(ctx: "FileContext", call: ast.Call, functions: List[Function]) -> bool:
     """Whether ``call`` switches off every backward and step of each of ``functions`` (the step
     functions its name may run): it passes ``False`` or ``None`` to a switch (see the module)."""
     return bool(functions) and all(
-        any(_contradicts(_argument(function, call, name, default=True), needs) for name, needs in ctx.switches(function).items())
+        any(_contradicts(_value(ctx, function, call, name), needs) for name, needs in ctx.switches(function).items())
         for function in functions)
 
 
@@ -167,5 +219,5 @@ def never_runs(ctx: "FileContext", function: Function, call: ast.Call, node: ast
     if not needs:
         return False
     fixed = _fixed(function, _own(function))
-    return any(name in fixed and _contradicts(_argument(function, call, name, default=True), need)
-               for name, need in needs.items())
+    return any(name.split(".")[0] in fixed and (name in fixed or _mode_kept(ctx, function, name))
+               and _contradicts(_value(ctx, function, call, name), need) for name, need in needs.items())
