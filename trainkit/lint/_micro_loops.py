@@ -1,4 +1,4 @@
-"""Micro-batch loops nested in the batch loop, with the optimizer step after them.
+"""Micro-batch loops nested in the batch loop (or in a step function), with the optimizer step after them.
 
 nanoGPT's ``for micro_step in range(gradient_accumulation_steps): ... loss.backward()``
 followed by ``optimizer.step()`` accumulates too: the inner loop's backwards add up into
@@ -7,7 +7,10 @@ the earlier iterations added, so the step sees one iteration's gradient (TK103).
 divided there makes the update the sum of the micro-batches' gradients (TK102), reported only when
 the inner loop says it goes over micro-batches (``micro``, ``accum``, ``chunk``): a loop over
 several task losses may mean them to add up. A loss divided only after its backward there
-(TK101) is reported for such a loop too, or when the divisor is the inner loop's count.
+(TK101) is reported for such a loop too, or when the divisor is the inner loop's count. A step
+function's body is read as one iteration of a batch loop: ``def train_step(batch):
+opt.zero_grad(); for micro in batch.chunk(4): loss.backward()`` then ``opt.step()`` in the function
+is the same shape, wherever the function is called from.
 
 Left alone, since their inner loops may mean to collect gradients one by one: an inner loop
 that reads ``.grad`` or calls anything else about gradients (``torch.autograd.grad``,
@@ -70,8 +73,24 @@ def _enclosing_loop(ctx: FileContext, inner: ast.AST) -> Optional[ast.AST]:
     return None
 
 
+def _function_body(ctx: FileContext, inner: ast.AST) -> Optional[TrainingLoop]:
+    """The function whose own body runs loop ``inner`` (no loop between them), read as one iteration
+    of a loop: a step function's body is one step, as a batch loop's iteration is."""
+    function = ctx.parents.get(inner)
+    while function is not None and not isinstance(function, _SCOPES + _LOOPS):
+        function = ctx.parents.get(function)
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    cache = ctx.__dict__.setdefault("_function_bodies", {})
+    if id(function) not in cache:
+        cache[id(function)] = TrainingLoop(ctx, function, ctx._region(function))  # type: ignore[arg-type]
+    return cache[id(function)]
+
+
 def micro_loops(ctx: FileContext) -> Iterator[MicroLoop]:
-    """Each inner loop that runs backward, never steps, and is followed by the outer loop's step."""
+    """Each inner loop that runs backward, never steps, and is followed by the outer loop's step, or
+    by a step of the function whose body runs it (``def train_step(batch): for micro in
+    batch.chunk(4): ...; loss.backward()`` then ``opt.step()``)."""
     by_node = {id(loop.node): loop for loop in ctx.training_loops}
     for inner in ctx.training_loops:
         if inner.step_calls or any(calls_step_function(ctx, c) for c in inner.calls):
@@ -79,7 +98,7 @@ def micro_loops(ctx: FileContext) -> Iterator[MicroLoop]:
         if any(_about_grads(n) for n in inner.region):
             continue
         enclosing = _enclosing_loop(ctx, inner.node)
-        outer = by_node.get(id(enclosing)) if enclosing is not None else None
+        outer = by_node.get(id(enclosing)) if enclosing is not None else _function_body(ctx, inner.node)
         if outer is None:
             continue
         end = (inner.node.end_lineno or inner.node.lineno, 1 << 30)
