@@ -11,7 +11,7 @@ from trainkit.lint._core import FileContext
 from trainkit.lint._depth import check_depth
 from trainkit.lint._files import PathArg, as_path, as_paths, iter_python_files, read_source
 from trainkit.lint._registry import RULES, Finding, LintError
-from trainkit.lint._step_inline import stepped_view, where
+from trainkit.lint._step_inline import plain, stepped_view, where
 from trainkit.lint._suppress import comment_lines, is_suppressed, parse_suppressions
 
 Codes = Union[str, Collection[str], None]
@@ -135,7 +135,10 @@ def lint_source(source: str, path: str = "<string>", *, select: Codes = None, ig
                 if not (suppressions and any(is_suppressed(code, n, suppressions)
                                              for n in comment_lines(seen, hit.node))):
                     col = _char_col(lines, line, getattr(hit.node, "col_offset", 0)) + 1
-                    finding = Finding(path, line, col, code, rule.severity, hit.message + where(hit.node), hit.fix)
+                    message, fix = hit.message + where(hit.node), hit.fix
+                    if seen is not ctx:  # a local renamed in a copy (`loss′`) is named as written
+                        message, fix = plain(message), plain(fix)
+                    finding = Finding(path, line, col, code, rule.severity, message, fix)
                     origin = getattr(hit.node, "inlined_from", None)
                     if origin is None:
                         findings.add(finding)

@@ -23,9 +23,12 @@ Only what :mod:`trainkit.lint._step_bodies` reads through a call, and only the p
   no ``return`` but a last one, no training loop of its own (a micro-batch loop is read on its own;
   a batch loop makes it a whole epoch), and no parameter it rebinds given an expression;
 * the names the function binds (its locals) are used nowhere else in the loop's iteration (but as
-  the call's own target: ``loss = train_step(x)`` with a local ``loss``) nor bound by another
-  function read in the same iteration: two calls of one function in a loop (accelerate's tests
-  call ``step_model`` for two models) would share their ``loss``, so neither is read.
+  the call's own target: ``loss = train_step(x)`` with a local ``loss``). A local that an earlier
+  call's copy binds too gets a fresh name in the later copy: a GAN's ``d_loss = step(D, ...)`` and
+  ``g_loss = step(G, ...)``, or accelerate's tests calling ``step_model`` for two models, one
+  dividing its loss, each read with its own ``loss`` (one ``loss`` for both would let the first's
+  division count for the second's backward). The mark of the fresh name is taken out of messages
+  (:func:`plain`).
 
 One level: the calls inside the copied body are not followed.
 """
@@ -41,6 +44,8 @@ from trainkit.lint._step_bodies import Function, functions_of, maybe_skipped
 from trainkit.lint._switches import switched_off
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
+# appended to a local renamed in a second copy (no identifier holds it); taken out of messages
+_FRESH = "\u2032"
 # (function name, line of the loop, line of the call), set on every node of a copy
 Origin = Tuple[str, int, int]
 # a call statement to replace, the function it runs, parameter -> argument, and its origin
@@ -112,18 +117,32 @@ def _locals(function: Function) -> Set[str]:
             if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)} - params
 
 
+def plain(text: str) -> str:
+    """``text`` (a finding's message or fix) with the marks of renamed locals taken out."""
+    return text.replace(_FRESH, "")
+
+
 def _apart(loop: TrainingLoop, found: List[_Site]) -> List[_Site]:
-    """The sites whose function's locals share no name with the loop (the call's own target aside)
-    nor with another site's function: written into one iteration, two ``loss`` would be one."""
+    """The sites whose function's locals share no name with the loop (the call's own target aside);
+    a local that an earlier site's copy binds too is renamed in this one (``loss`` to ``loss′``):
+    written into one iteration, two ``loss`` would be one."""
     names = {n.id for n in loop.region if isinstance(n, ast.Name)}
     names |= {n.id for n in ast.walk(getattr(loop.node, "target", loop.node)) if isinstance(n, ast.Name)}
-    mine = [_locals(function) for _, function, _, _ in found]
+    taken: Set[str] = set()
     out = []
-    for i, (stmt, function, bound, origin) in enumerate(found):
+    for stmt, function, bound, origin in found:
         targets = {n.id for t in getattr(stmt, "targets", []) for n in ast.walk(t) if isinstance(n, ast.Name)}
-        shared = any(mine[i] & other for j, other in enumerate(mine) if j != i)
-        if not shared and not mine[i] & (names - targets):
-            out.append((stmt, function, bound, origin))
+        mine = _locals(function)
+        if mine & (names - targets):
+            continue  # the loop's own `loss` is another variable than the function's
+        bound = dict(bound)
+        for name in sorted(mine & taken):
+            fresh = name + _FRESH
+            while fresh in taken:
+                fresh += _FRESH
+            bound[name] = ast.Name(id=fresh, ctx=ast.Load())
+        taken |= {bound[n].id if n in bound else n for n in mine}  # type: ignore[attr-defined]
+        out.append((stmt, function, bound, origin))
     return out
 
 
