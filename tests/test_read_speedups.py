@@ -236,7 +236,7 @@ def test_torn_and_corrupt_chunks_stop_alike():
         bad = bytearray(data)
         bad[where] ^= 1 << rng.randrange(8)
         got, _, _ = same(bytes(bad))
-        assert got == -1 or got == "DecodeError" or got < len(data)
+        assert got < 0 or got == "DecodeError" or got < len(data)
 
 
 def test_chunks_fed_one_after_another_read_alike():
@@ -294,7 +294,7 @@ def _both(monkeypatch: pytest.MonkeyPatch, fn: Any) -> Any:
 def _read_file(path: str, cursor: Any = None) -> Tuple[Any, ...]:
     parse = ScalarsParse(meta={}, meta_prefix=META)
     more = runs.parse_file(path, parse, cursor)
-    at = (cursor.offset, cursor.broken) if cursor is not None else None
+    at = (cursor.offset, cursor.broken, cursor.broken_at) if cursor is not None else None
     return more, at, dump(parse.result()), parse.meta
 
 
@@ -329,7 +329,7 @@ def test_files_of_both_writers_read_alike(tmp_path, monkeypatch, chunk):
     monkeypatch.setattr(eventfiles, "_CHUNK", chunk)
     for path in paths:
         more, at, points, _ = _both(monkeypatch, lambda: _read_file(path, Cursor()))
-        assert more and at == (os.path.getsize(path), False) and points
+        assert more and at == (os.path.getsize(path), False, -1) and points
         size = os.path.getsize(path)
         with open(path, "r+b") as fh:  # torn, then corrupt in the middle
             fh.truncate(size - 5)
@@ -340,7 +340,7 @@ def test_files_of_both_writers_read_alike(tmp_path, monkeypatch, chunk):
             fh.seek(size // 2)
             fh.write(bytes([byte[0] ^ 0x10]))
         more, at, _, _ = _both(monkeypatch, lambda: _read_file(path, Cursor()))
-        assert not more and at[1] is True
+        assert not more and at[1] is True and 0 <= at[2] <= size // 2
 
 
 def _corrupt_record() -> bytes:
@@ -369,11 +369,15 @@ def test_a_file_grown_between_reads_reads_alike(tmp_path, monkeypatch):
             monkeypatch.setattr(recorder, "_fast", fast if use_c else None)
             more = runs.parse_file(path, parses[use_c], cursors[use_c])
             got[use_c] = (more, cursors[use_c].offset, cursors[use_c].broken,
-                          parses[use_c].meta, readers[use_c].read(path))
-        assert got[True][:4] == got[False][:4]
-        (c_points, c_meta), (py_points, py_meta) = got[True][4], got[False][4]
+                          parses[use_c].meta, cursors[use_c].broken_at,
+                          readers[use_c].read(path), readers[use_c].damage(path))
+        assert got[True][6] == got[False][6]
+        assert got[True][:5] == got[False][:5]
+        (c_points, c_meta), (py_points, py_meta) = got[True][5], got[False][5]
         assert dump(c_points) == dump(py_points) and c_meta == py_meta
     assert cursors[True].broken and dump(parses[True].result()) == dump(parses[False].result())
+    assert cursors[True].broken_at == os.path.getsize(path) - len(_corrupt_record())
+    assert readers[True].damage(path).offset == cursors[True].broken_at
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -304,7 +304,8 @@ static void rd_free(Reader *r) {
 
 /* ScalarsParse.take(data): eventfiles.scan's framing (a record's payload length, 8 bytes; that
    length's masked CRC32C, 4; the payload; its masked CRC32C, 4), each payload parsed as it
-   comes. Returns where the first incomplete record begins, or -1 at a wrong CRC. */
+   comes. Returns where the first incomplete record begins, or -1 - pos at a wrong CRC in the
+   record beginning at pos (eventfiles.Damage says where a file is corrupt). */
 static PyObject *take_scalars(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *parse;
     Py_buffer view;
@@ -324,14 +325,20 @@ static PyObject *take_scalars(PyObject *Py_UNUSED(self), PyObject *args) {
             break;
         }
         uint64_t length = rd_le64(data + pos);
-        if (masked_crc(data + pos, 8) != rd_le32(data + pos + 8)) break;
+        if (masked_crc(data + pos, 8) != rd_le32(data + pos + 8)) {
+            got = -1 - (Py_ssize_t)pos;
+            break;
+        }
         size_t start = pos + 12;
         if (end - start < 4 || length > end - start - 4) { /* still being written */
             got = (Py_ssize_t)pos;
             break;
         }
         const unsigned char *payload = data + start;
-        if (masked_crc(payload, (size_t)length) != rd_le32(payload + length)) break;
+        if (masked_crc(payload, (size_t)length) != rd_le32(payload + length)) {
+            got = -1 - (Py_ssize_t)pos;
+            break;
+        }
         int rc = rd_event(&r, payload, payload + length);
         if (rc == 0) rc = rd_python(&r, payload, (size_t)length);
         else if (rc > 0 && r.full) rc = rd_flush(&r);

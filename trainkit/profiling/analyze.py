@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from .analyzers import records as record_rules
 from .analyzers import traces as trace_rules
 from .finding import Finding, sort_key
+from .eventfiles import Damage
 from .reader import EventReader
 from .runs import Run, find_runs, load_run
 from .tracefiles import WRITING_GRACE_S, TraceError, being_written, read_trace
@@ -179,10 +180,13 @@ def analyze_run(logdir: str, folder: str, *, clock: Callable[[], float] = time.t
             found.append(dataclasses.replace(f, run=run.name))
     found.extend(bad)
     steps = len(st)
+    found.extend(_corrupt(run, d, steps) for d in run.damaged)
     if not steps and not t.steps and not bad:
         # Say so, rather than "no findings": a run with nothing to analyze is not a clean run.
         if writing:
             found.append(_nothing_yet(run, writing))
+        elif run.damaged:  # TA112 says why: asking whether the optimizer is patched misleads
+            pass
         elif run.is_trainkit:
             found.append(record_rules.no_steps(run))
         elif run.traces:
@@ -222,6 +226,25 @@ def _no_step_in_traces(run: Run) -> Finding:
         "profile steps of the training: tk.session(logdir=..., profile=tk.ProfileSchedule("
         "wait=5, warmup=1, active=3)) around the loop, with tk.patch(optimizer) so that the "
         "session counts the steps, and a loop longer than wait + warmup steps")
+
+
+def _corrupt(run: Run, damage: Damage, steps: int) -> Finding:
+    """TA112 for an event file read up to a record whose CRC is wrong (more data after it lost)."""
+    lost = damage.size - damage.offset
+    read = (f"only the file's first record (its version) before it was read"
+            if damage.records <= 1 else f"the {damage.records:,} records before it were read")
+    analyzed = (f"; the analysis covers the {steps:,} step(s) read" if steps
+                else ", so no step could be analyzed")
+    return Finding(
+        code="TA112", title="corrupt event file",
+        evidence=f"{damage.path!r} is corrupt at byte {damage.offset:,} of {damage.size:,}: a "
+                 f"record's checksum (CRC) is wrong there; {read}, and the {lost:,} bytes from "
+                 f"there on are not{analyzed}",
+        share=None, count=1,
+        fix="the run was cut by a crash or the file was damaged (a full disk, a copy cut short): "
+            "the records from that byte on are lost and cannot be read back; run again for a "
+            "whole record, or move the file out of the folder to analyze the rest alone",
+        severity="medium" if steps else "high", run=run.name)
 
 
 def _nothing_analyzed(run: Run, why: str, fix: str) -> Finding:

@@ -184,7 +184,8 @@ class ScalarsParse:
         """Parse the complete records at the start of ``data``, a chunk of an event file
         (:func:`.eventfiles.chunks_taken` hands them out): :func:`.eventfiles.scan`'s framing,
         then :meth:`consume`. Returns where the first incomplete record begins (the end of
-        ``data`` where none is), or -1 at a wrong CRC (the records before it parsed).
+        ``data`` where none is), or ``-1 - pos`` at a wrong CRC in the record beginning at ``pos``
+        (the records before it parsed).
 
         ``trainkit._speedups.take_scalars(parse, data)`` does the same in C (the records'
         scalars decoded by hand, each payload it does not fully understand parsed here by

@@ -20,7 +20,7 @@ import threading
 from typing import Dict, Optional, Tuple
 
 from . import runs
-from .eventfiles import Cursor
+from .eventfiles import Cursor, Damage, damage_of
 from .points import Points, ScalarsParse
 
 _HEAD = 64  # first bytes kept to tell a file rewritten in place (same inode) from one grown
@@ -38,6 +38,8 @@ class _FileState:
     more: bool
     points: Dict[str, Points]  # the tags holding any
     meta: Dict[str, str]
+    #: where a wrong CRC stopped the reading (None: none did)
+    damage: Optional[Damage] = None
 
 
 class EventReader:
@@ -95,7 +97,8 @@ class EventReader:
             self.parsed_bytes += state.cursor.offset - before
             # a new state, not the old one changed: the points handed out before stay as they were
             state = dataclasses.replace(state, more=more, points=parse.result(), meta=parse.meta,
-                                        head=state.head or self._head(path, state.cursor.offset))
+                                        head=state.head or self._head(path, state.cursor.offset),
+                                        damage=damage_of(path, state.cursor))
         with self._lock:
             self._files[path] = state
         return state
@@ -114,6 +117,12 @@ class EventReader:
         if (st.st_dev, st.st_ino) != (state.dev, state.ino) or st.st_size < state.cursor.offset:
             return False
         return not state.head or self._head(path, len(state.head)) == state.head
+
+    def damage(self, path: str) -> Optional[Damage]:
+        """Where the last :meth:`read` of ``path`` found it corrupt (None: it did not)."""
+        with self._lock:
+            state = self._files.get(path)
+        return None if state is None else state.damage
 
     def holds_trainkit_tag(self, path: str) -> bool:
         """:func:`.runs.scan_trainkit_tag`, scanning a grown file from where it stopped (once

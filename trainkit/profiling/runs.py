@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from .. import recorder as _recorder
 from ..recorder import PREFIX, STEP_TIME, UPDATE_MS
-from .eventfiles import Cursor, chunks_taken, records_in
+from .eventfiles import Cursor, Damage, chunks_taken, damage_of, records_in
 from .points import Points, ScalarsParse
 from .trace import is_trace
 from .tracesessions import redone_from, trace_sessions
@@ -95,6 +95,9 @@ class Run:
     #: ``session -> step``: for each session shown after which another counted steps, the first
     #: step a later one counted (:meth:`replaced`, for the traces naming the session)
     redone: Dict[str, int] = dataclasses.field(default_factory=dict)
+    #: the event files of the folder's sessions that are corrupt (a record whose CRC is wrong,
+    #: more bytes after it: a crash or a damaged file), read up to there (TA112)
+    damaged: Tuple[Damage, ...] = ()
 
     def values(self, tag: str) -> Dict[int, float]:
         """``step -> value`` of one tag (the last value written for a step wins)."""
@@ -142,7 +145,9 @@ class Run:
     def is_trainkit(self) -> bool:
         # a session's text summaries count too: one that recorded no scalar of its own (no
         # system metrics, a loop that never stepped) still wrote which optimizers it had
-        return any(tag.startswith(PREFIX) for tag in self.scalars) or bool(self.meta)
+        # a corrupt file holding trainkit/ tags past the damage is one too, reported as such
+        return any(tag.startswith(PREFIX) for tag in self.scalars) or bool(self.meta) \
+            or bool(self.damaged)
 
 
 def find_runs(logdir: str) -> List[str]:
@@ -205,12 +210,14 @@ def _holds_trainkit_tag(path: str) -> bool:
 
 
 def read_scalars(folder: str, names: Optional[List[str]] = None, *,
-                 meta: Optional[Dict[str, str]] = None) -> Dict[str, Points]:
+                 meta: Optional[Dict[str, str]] = None,
+                 damaged: Optional[List[Damage]] = None) -> Dict[str, Points]:
     """Every scalar in the folder's event files (or those ``names``): ``tag -> points``, each
     tag's :class:`.points.Points` (``(step, value)`` pairs in two arrays; read, indexed and
     compared as a list of tuples).
 
     ``meta``: a dict to fill with the ``trainkit/meta/...`` text summaries read (``tag -> text``).
+    ``damaged``: a list to add each corrupt file's :class:`.eventfiles.Damage` to (read up to it).
 
     What TensorBoard's ``EventAccumulator`` reads (the files in name order, ``simple_value``
     scalars, a ``SessionLog.START`` dropping the steps from its own on), about ten times faster
@@ -222,7 +229,12 @@ def read_scalars(folder: str, names: Optional[List[str]] = None, *,
         return {}
     parse = ScalarsParse(meta=meta, meta_prefix=META)
     for name in names:
-        parse_file(os.path.join(folder, name), parse)
+        path = os.path.join(folder, name)
+        cursor = None if damaged is None else Cursor()
+        parse_file(path, parse, cursor)
+        damage = None if cursor is None else damage_of(path, cursor)
+        if damage is not None:
+            damaged.append(damage)
     return parse.result()
 
 
@@ -299,18 +311,23 @@ def load_run(logdir: str, folder: str, *, reader: Optional["EventReader"] = None
     holds = _holds_trainkit_tag if reader is None else reader.holds_trainkit_tag
     sessions = tuple(f for f in files if EVENTS_MARK in f and holds(os.path.join(folder, f)))
 
+    damaged: List[Damage] = []
+
     def scalars_of(f: str, texts: Dict[str, str]) -> Dict[str, Points]:
         if reader is None:
-            return read_scalars(folder, [f], meta=texts)
+            return read_scalars(folder, [f], meta=texts, damaged=damaged)
         got, read_texts = reader.read(os.path.join(folder, f))
         texts.update(read_texts)
+        damage = reader.damage(os.path.join(folder, f))
+        if damage is not None:
+            damaged.append(damage)
         return got
 
     if len(sessions) < 2:
         got: Dict[str, str] = {}
-        return Run(name=name, path=folder,
-                   scalars=scalars_of(sessions[0], got) if sessions else {},
-                   traces=tuple(traces), sessions=sessions, meta=got)
+        scalars = scalars_of(sessions[0], got) if sessions else {}
+        return Run(name=name, path=folder, scalars=scalars, traces=tuple(traces),
+                   sessions=sessions, meta=got, damaged=tuple(damaged))
     meta: Dict[str, Dict[str, str]] = {f: {} for f in sessions}
     read = [(f, scalars_of(f, meta[f])) for f in sessions]
     counted = {f: first for f, first in ((f, _first_counted(got)) for f, got in read)
@@ -337,7 +354,8 @@ def load_run(logdir: str, folder: str, *, reader: Optional["EventReader"] = None
                hidden_counted=tuple(f for f in hidden if f in counted),
                meta={tag: text for f in shown for tag, text in meta[f].items()},
                restarts=tuple((t, first) for t, first in starts if t is not None),
-               trace_sessions=named, redone=redone_from(shown, counted))
+               trace_sessions=named, redone=redone_from(shown, counted),
+               damaged=tuple(damaged))
 
 
 #: What only a counted step writes (its optimizer's update, its time since the step before): a
