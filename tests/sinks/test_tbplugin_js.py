@@ -74,3 +74,41 @@ def test_the_traces_section_says_which_steps_the_findings_are_of(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Analyzed: steps 3-5, 8-10 (2 traces), numbered as in trainkit/step_time_ms." \
         in out.stdout, out.stdout
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_breakdown_heading_says_which_steps_it_leaves_out(tmp_path, compiled):
+    """The heading said "(31 steps)" where the demo said 32: the breakdown's mean leaves out the
+    first timed step (warm-up) and those that compiled, and neither the tab nor its data said so."""
+    import json
+
+    from trainkit.sinks.tbplugin.data import TabData
+    from trainkit.sinks.tensorboard import EventFileWriter
+
+    logdir = str(tmp_path / "logs")
+    w = EventFileWriter(logdir)  # 12 steps as a session records them, two compiling
+    for step in range(1, 13):
+        values = {"trainkit/update_ms": 1.0}
+        if step > 1:  # the first has no step time: no step before it
+            values["trainkit/step_time_ms"] = 10.0 + step % 3
+        if compiled and step in (3, 7):
+            values["trainkit/compile/seconds"] = 2.0
+        w.write_scalars(step=step, values=values, wall_time=1.7e9 + step)
+    w.close()
+    rep = TabData(logdir).report(".")
+    timed = 11
+    assert rep["timed_steps"] == timed
+    assert rep["left_out"] == {"first": 1, "compiled": 2 if compiled else 0}
+    assert rep["steps"] == timed - 1 - (2 if compiled else 0)
+    (tmp_path / "report.json").write_text(json.dumps(rep))
+    shutil.copy(os.path.join(REPO, "trainkit", "sinks", "tbplugin", "static", "index.js"),
+                tmp_path / "index.mjs")
+    (tmp_path / "harness.mjs").write_text(SHOW_REPORT)
+    out = subprocess.run(["node", "harness.mjs"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    said = ("Step time breakdown (mean of 8 of the 11 timed steps: the first (warm-up) and 2 "
+            "that compiled left out)" if compiled else
+            "Step time breakdown (mean of 10 of the 11 timed steps: the first (warm-up) left out)")
+    assert said in out.stdout, out.stdout

@@ -104,12 +104,18 @@ class RunReport:
     earlier_traces: Tuple[str, ...] = ()
     #: the steps the traces analyzed hold
     profiled: Profiled = Profiled()
+    #: the steps with a step time; ``steps`` is those less the ones ``left_out`` names
+    timed: int = 0
+    #: the timed steps the breakdown leaves out: ``{"first": 0 or 1, "compiled": n}`` (the
+    #: first pays for warm-up, a compiling one holds seconds of torch.compile)
+    left_out: Dict[str, int] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> Dict[str, Any]:
         def names(paths: Tuple[str, ...]) -> List[str]:
             return [os.path.basename(t) for t in paths]
 
         return {"run": self.run, "breakdown": self.breakdown, "steps": self.steps,
+                "timed_steps": self.timed, "left_out": dict(self.left_out),
                 "trainkit": self.is_trainkit,
                 "findings": [f.to_dict() for f in self.findings],
                 "traces": names(self.traces), "writing": names(self.writing),
@@ -199,7 +205,7 @@ def analyze_run(logdir: str, folder: str, *, clock: Callable[[], float] = time.t
                      traces=tuple(t for t in run.traces if t not in writing), steps=steps,
                      is_trainkit=run.is_trainkit or bool(run.traces or run.earlier_traces),
                      writing=tuple(writing), earlier_traces=run.earlier_traces,
-                     profiled=Profiled.of(t.stats))
+                     profiled=Profiled.of(t.stats), timed=st.timed, left_out=st.left_out)
 
 
 def _names(paths: Any) -> str:

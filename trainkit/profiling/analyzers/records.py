@@ -47,12 +47,16 @@ class Steps:
         timed = values > 0
         if not timed.all():
             steps, values = steps[timed], values[timed]
+        #: how many steps have a step time (the steps below are those less the ones left out)
+        self.timed = len(steps)
         compiled = self.series(COMPILE_SECONDS).steps
         if len(compiled):
             kept = ~np.isin(steps, compiled)
             if kept.any() and not kept.all():
                 steps, values = steps[kept], values[kept]
         first = 1 if len(steps) > 3 else 0
+        #: the timed steps left out: ``{"first": 0 or 1, "compiled": n}`` (the tab says them)
+        self.left_out = {"first": first, "compiled": self.timed - len(steps)}
         #: the timed steps, increasing (an int64 numpy array)
         self.steps = steps[first:]
         #: their step times (ms; a float64 numpy array)

@@ -55,6 +55,18 @@ function breakdown(b) {
   return el('div', {}, el('p', {class: 'muted'}, `mean step ${b.step.toFixed(2)} ms`), bar, legend);
 }
 
+// The breakdown is a mean over the timed steps less the first (warm-up) and those that compiled
+// (seconds of torch.compile): the heading says so, as a count that differs from the run's.
+function stepsCounted(rep) {
+  const n = rep.steps;
+  const left = rep.left_out || {};
+  const out = [];
+  if (left.first) out.push('the first (warm-up)');
+  if (left.compiled) out.push(`${left.compiled} that compiled`);
+  if (!out.length) return `Step time breakdown (mean of ${n} step${n === 1 ? '' : 's'})`;
+  return `Step time breakdown (mean of ${n} of the ${rep.timed_steps} timed steps: ${out.join(' and ')} left out)`;
+}
+
 function findings(list) {
   if (!list.length) return el('p', {class: 'muted'}, 'no findings: nothing in the records or traces points at lost step time');
   const table = el('table', {id: 'findings'}, el('tr', {}, ...['code', 'severity', 'share', 'finding', 'evidence', 'fix'].map((h) => el('th', {}, h))));
@@ -145,7 +157,7 @@ async function showRun(root, run, quiet = false) {
     const rep = await getJson(`./report?run=${encodeURIComponent(run)}`);
     if (shown !== run) return;  // another run was picked meanwhile
     root.replaceChildren(
-      el('h2', {}, `Step time breakdown (${rep.steps} steps)`), breakdown(rep.breakdown),
+      el('h2', {id: 'breakdown-heading'}, stepsCounted(rep)), breakdown(rep.breakdown),
       el('h2', {}, 'Findings'), findings(rep.findings),
       el('h2', {}, 'Ablation'), ablation(rep.ablation),
       el('h2', {}, 'Traces'), traces(run, rep));
