@@ -61,3 +61,40 @@ def test_ctrl_c_is_said_in_a_line_and_ends_by_sigint(tmp_path, command):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert err == f"trainkit {command}: interrupted\n", err
     assert out == ""
+
+
+# Runs ``python -m MODULE ARGS`` as runpy runs it, the SIGINT sent once the command's work begins
+# (when TARGET, ``module:function``, is first called): a real signal, at a known point.
+_DRIVER = """
+import importlib, os, runpy, signal, sys
+target, module, *args = sys.argv[1:]
+owner, name = target.split(":")
+owner = importlib.import_module(owner)
+real = getattr(owner, name)
+def interrupted(*a, **k):
+    os.kill(os.getpid(), signal.SIGINT)
+    return real(*a, **k)
+setattr(owner, name, interrupted)
+sys.argv = [module, *args]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("module, target, command", [
+    ("trainkit.lint", "trainkit.lint._api:lint_file", "lint"),
+    ("trainkit.profiling.cli", "trainkit.profiling.analyze:analyze_runs", "analyze"),
+    ("trainkit", "trainkit.lint._api:lint_file", "lint"),
+])
+def test_ctrl_c_in_python_m_entry_points_is_said_in_a_line(tmp_path, module, target, command):
+    """``python -m trainkit.lint`` and ``python -m trainkit.profiling.cli`` printed the
+    KeyboardInterrupt traceback that ``trainkit lint``/``analyze`` no longer print."""
+    (tmp_path / "train.py").write_text("x = 1\n")
+    (tmp_path / "driver.py").write_text(_DRIVER)
+    args = [command] if module == "trainkit" else []
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "driver.py"), target, module, *args, str(tmp_path)],
+        env=_env(), cwd=REPO, capture_output=True, text=True, timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.returncode == -signal.SIGINT, (proc.returncode, proc.stderr[-3000:])
+    assert proc.stderr == f"trainkit {command}: interrupted\n", proc.stderr[-3000:]
+    assert proc.stdout == ""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from . import _env
 
@@ -93,6 +93,25 @@ def _met_every_rank() -> "bool | None":
         time.sleep(0.02)
         here = store.add(key, 0)
     return here >= world
+
+
+def interruptible(command: str, work: Callable[[], int]) -> int:
+    """``work()``'s exit status; a Ctrl-C during it is said in one line (``trainkit lint:
+    interrupted``), not a KeyboardInterrupt's traceback, and the process still ends by SIGINT
+    (:func:`die_by_sigint`). For the commands that keep nothing a Ctrl-C could lose (``trainkit
+    analyze`` and ``lint``, however they are started: ``trainkit``, ``python -m trainkit.lint``,
+    ``python -m trainkit.profiling.cli``).
+
+    Example::
+
+        return interruptible("trainkit lint", lambda: run(parser.parse_args(argv)))
+    """
+    try:
+        return int(work())
+    except KeyboardInterrupt:
+        print(f"{command}: interrupted", file=sys.stderr)
+        die_by_sigint()  # as Python's own Ctrl-C ends it, without the traceback
+        return 130  # where a process cannot end by its own SIGINT
 
 
 def die_by_sigint() -> None:

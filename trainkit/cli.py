@@ -130,12 +130,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         except BrokenPipeError:  # `trainkit | head` whose reader went away first
             reader_gone(sys.stdout)
             return 2
-    try:
-        return int(_hooks(args.command)[1](args))
-    except KeyboardInterrupt:  # `trainkit demo` says its own; analyze and lint have nothing kept
-        print(f"trainkit {args.command}: interrupted", file=sys.stderr)
-        _usage.die_by_sigint()  # as Python's own Ctrl-C ends it, without the traceback
-        return 130  # where a process cannot end by its own SIGINT
+    # `trainkit demo` says its own Ctrl-C; analyze and lint have nothing kept
+    return _usage.interruptible(f"trainkit {args.command}", lambda: _hooks(args.command)[1](args))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,8 +10,9 @@ import json
 import sys
 from typing import Callable, FrozenSet, List, Literal, Optional, Sequence, Set
 
-from trainkit.lint import _api
+from trainkit import _usage
 from trainkit._text import write_out
+from trainkit.lint import _api
 from trainkit.lint._registry import Finding, LintError
 
 Format = Literal["text", "json"]
@@ -150,7 +151,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         prog="trainkit lint", description="Find known mistakes in PyTorch training loops, without running them."
     )
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    # a Ctrl-C said in a line, as `trainkit lint` says it (python -m trainkit.lint comes here)
+    return _usage.interruptible("trainkit lint", lambda: run(parser.parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, List, Optional, Sequence, TextIO
 
+from .. import _usage
 from .._text import write_out
 from .finding import Finding, sort_key
 
@@ -126,7 +127,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on bad usage, 0 on --help
         return int(exc.code or 0)
-    return run(args)
+    return _usage.interruptible("trainkit analyze", lambda: run(args))  # as `trainkit analyze`
 
 
 if __name__ == "__main__":
