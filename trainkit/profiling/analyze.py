@@ -237,7 +237,7 @@ def _no_step_in_traces(run: Run) -> Finding:
 def _corrupt(run: Run, damage: Damage, steps: int) -> Finding:
     """TA112 for an event file read up to a record whose CRC is wrong (more data after it lost)."""
     lost = damage.size - damage.offset
-    read = (f"only the file's first record (its version) before it was read"
+    read = ("only the file's first record (its version) before it was read"
             if damage.records <= 1 else f"the {damage.records:,} records before it were read")
     analyzed = (f"; the analysis covers the {steps:,} step(s) read" if steps
                 else ", so no step could be analyzed")
