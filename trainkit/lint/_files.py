@@ -1,11 +1,13 @@
 """Paths given to the API, file discovery and reading: which files to lint and their text."""
 from __future__ import annotations
 
+import errno
 import io
 import os
 import tokenize
 from typing import Collection, Iterator, List, Optional, Set, Tuple, Union
 
+from trainkit._filekinds import broken_link, not_regular
 from trainkit.lint._registry import LintError
 
 PathArg = Union[str, "os.PathLike[str]"]
@@ -107,12 +109,28 @@ def _first(path: str, seen: Optional[Set[str]]) -> bool:
 def read_source(path: str) -> str:
     """Read a file honouring its ``# coding:`` cookie, as Python would.
 
+    Only a regular file is read: a named pipe (FIFO) would wait for a writer forever, a device
+    (``/dev/zero``) never end; a broken link is said to be one.
+
     Raises:
-        LintError: The file cannot be read or decoded.
+        LintError: The file cannot be read or decoded, or is no regular file.
     """
     try:
-        with tokenize.open(path) as handle:
-            return handle.read()
+        # Opened without waiting (a FIFO's open waits for a writer), then checked: the file
+        # read is the one checked, whatever replaced the path meanwhile.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise LintError(path, 0, f"cannot read: {_why_not_opened(path, exc)}") from exc
+    try:
+        with open(fd, "rb") as raw:
+            what = not_regular(os.fstat(raw.fileno()).st_mode)
+            if what:
+                raise LintError(path, 0, f"cannot read: {what}, not a regular file: not linted "
+                                         f"(reading it could wait or run forever); lint the .py file itself")
+            encoding, _ = tokenize.detect_encoding(raw.readline)
+            raw.seek(0)
+            with io.TextIOWrapper(raw, encoding, line_buffering=True) as handle:
+                return handle.read()
     except (UnicodeDecodeError, SyntaxError) as exc:
         undecodable = _undecodable(path)  # a bad byte on line 1 or 2 is a SyntaxError in detect_encoding
         if undecodable is None:
@@ -121,6 +139,16 @@ def read_source(path: str) -> str:
         raise LintError(path, line, f"cannot read: {reason}") from exc
     except OSError as exc:
         raise LintError(path, 0, f"cannot read: {exc}") from exc
+
+
+def _why_not_opened(path: str, exc: OSError) -> str:
+    """Why ``path`` could not be opened, in words: a broken link says where it points."""
+    link = broken_link(path) if isinstance(exc, FileNotFoundError) else ""
+    if link:
+        return f"{link}: not linted; remove the link or point it at the file"
+    if exc.errno == errno.ENXIO:  # a socket cannot be opened at all
+        return "a socket, not a regular file: not linted; lint the .py file itself"
+    return str(exc)
 
 
 def _undecodable(path: str) -> Optional[Tuple[int, str]]:

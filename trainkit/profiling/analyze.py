@@ -106,6 +106,9 @@ class RunReport:
     profiled: Profiled = Profiled()
     #: the steps with a step time; ``steps`` is those less the ones ``left_out`` names
     timed: int = 0
+    #: ``(path, what it is)`` of the event files and traces left out as no regular file (a
+    #: named pipe, a broken link): :attr:`.runs.Run.skipped`
+    skipped: Tuple[Tuple[str, str], ...] = ()
     #: the timed steps the breakdown leaves out: ``{"first": 0 or 1, "compiled": n}`` (the
     #: first pays for warm-up, a compiling one holds seconds of torch.compile)
     left_out: Dict[str, int] = dataclasses.field(default_factory=dict)
@@ -116,6 +119,7 @@ class RunReport:
 
         return {"run": self.run, "breakdown": self.breakdown, "steps": self.steps,
                 "timed_steps": self.timed, "left_out": dict(self.left_out),
+                "skipped": [[os.path.basename(p), what] for p, what in self.skipped],
                 "trainkit": self.is_trainkit,
                 "findings": [f.to_dict() for f in self.findings],
                 "traces": names(self.traces), "writing": names(self.writing),
@@ -205,7 +209,8 @@ def analyze_run(logdir: str, folder: str, *, clock: Callable[[], float] = time.t
                      traces=tuple(t for t in run.traces if t not in writing), steps=steps,
                      is_trainkit=run.is_trainkit or bool(run.traces or run.earlier_traces),
                      writing=tuple(writing), earlier_traces=run.earlier_traces,
-                     profiled=Profiled.of(t.stats), timed=st.timed, left_out=st.left_out)
+                     profiled=Profiled.of(t.stats), timed=st.timed, left_out=st.left_out,
+                     skipped=run.skipped)
 
 
 def _names(paths: Any) -> str:
@@ -257,6 +262,13 @@ def _nothing_analyzed(run: Run, why: str, fix: str) -> Finding:
     return Finding(code="TA110", title="nothing analyzed",
                    evidence=f"nothing was analyzed in {run.path!r}: {why}", share=None, count=0,
                    fix=fix, severity="high", run=run.name)
+
+
+def _skipped(path: str, what: str) -> str:
+    """A file left out as no regular file, in words, with the fix."""
+    why = " (reading a named pipe waits for a writer forever)" if "FIFO" in what else ""
+    return (f"{path!r} is {what}, not a regular file: left out{why}; remove it, or put the file "
+            f"it stands for in its place")
 
 
 def _check_logdir(logdir: Any) -> str:
@@ -318,12 +330,17 @@ def _reports(logdir: Any) -> List[RunReport]:
     because it is still being written (at the line that called :func:`analyze` or
     :func:`analyze_runs`)."""
     path = _check_logdir(logdir)
-    reports = [r for r in (analyze_run(path, f) for f in find_runs(path)) if r.is_trainkit]
+    every = [analyze_run(path, f) for f in find_runs(path)]
+    skipped = [_skipped(file, what) for r in every for file, what in r.skipped]
+    reports = [r for r in every if r.is_trainkit]
     if not reports:
+        left = f" ({'; '.join(skipped)})" if skipped else ""
         raise ValueError(
             f"analyze({path!r}): no trainkit run in {path!r}: no TensorBoard event file with "
-            f"trainkit/ scalars and no *.pt.trace.json trace under it; record one with "
+            f"trainkit/ scalars and no *.pt.trace.json trace under it{left}; record one with "
             f"tk.session(logdir={path!r}) around the training loop")
+    for said in skipped:
+        warnings.warn(f"analyze({path!r}): {said}", UserWarning, stacklevel=3)
     for r in reports:
         for trace in r.writing:
             warnings.warn(

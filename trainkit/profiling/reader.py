@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 import threading
 from typing import Dict, Optional, Tuple
 
@@ -80,6 +81,8 @@ class EventReader:
         try:
             st = os.stat(path)
         except OSError:  # gone
+            st = None
+        if st is None or not stat.S_ISREG(st.st_mode):  # a named pipe: reading it would wait
             with self._lock:
                 self._files.pop(path, None)
             return None
@@ -130,6 +133,8 @@ class EventReader:
         try:
             st = os.stat(path)
         except OSError:
+            return False
+        if not stat.S_ISREG(st.st_mode):  # a named pipe: its reading would wait for a writer
             return False
         with self._lock:
             dev, ino, done, found = self._scanned.get(path, (st.st_dev, st.st_ino, 0, False))

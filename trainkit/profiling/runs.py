@@ -33,11 +33,12 @@ import re
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from .. import recorder as _recorder
+from .._filekinds import broken_link, not_regular
 from ..recorder import PREFIX, STEP_TIME, UPDATE_MS
-from .eventfiles import Cursor, Damage, chunks_taken, damage_of, records_in
+from .eventfiles import Cursor, Damage, chunks_taken, damage_of
 from .points import Points, ScalarsParse
 from .trace import is_trace
-from .tracesessions import redone_from, trace_sessions
+from .tracesessions import redone_from, session_start, trace_sessions, trace_time
 
 if TYPE_CHECKING:
     from .reader import EventReader
@@ -98,6 +99,9 @@ class Run:
     #: the event files of the folder's sessions that are corrupt (a record whose CRC is wrong,
     #: more bytes after it: a crash or a damaged file), read up to there (TA112)
     damaged: Tuple[Damage, ...] = ()
+    #: ``(path, what it is)`` of the folder's event files and traces that are no regular file (a
+    #: named pipe, whose reading would wait forever for a writer; a broken link), left out
+    skipped: Tuple[Tuple[str, str], ...] = ()
 
     def values(self, tag: str) -> Dict[int, float]:
         """``step -> value`` of one tag (the last value written for a step wins)."""
@@ -258,43 +262,6 @@ def parse_file(path: str, parse: ScalarsParse, cursor: Optional[Cursor] = None) 
     return cursor is None or not cursor.broken
 
 
-_FILE_TIME = re.compile(r"tfevents\.(\d+)\.")
-_TRACE_TIME = re.compile(r"\.(\d{10,})\.pt\.trace\.json(?:\.gz)?$")
-
-
-def session_start(path: str) -> Optional[float]:
-    """When the session writing the event file ``path`` started: its first event's wall time.
-
-    Falls back on the second in the file's name (``events.out.tfevents.<time>.<host>...``).
-    """
-    from google.protobuf.message import DecodeError
-    from tensorboard.compat.proto import event_pb2
-
-    try:
-        with open(path, "rb") as fh:
-            first = next(records_in(fh.read(4096)), None)  # the file_version event, ~30 bytes
-        if first is not None:
-            wall = event_pb2.Event.FromString(first).wall_time
-            if wall > 0:
-                return wall
-    except (OSError, DecodeError):
-        pass
-    m = _FILE_TIME.search(os.path.basename(path))
-    return float(m.group(1)) if m else None
-
-
-def trace_time(path: str) -> float:
-    """When a trace was written: the time in torch.profiler's name for it
-    (``<worker>.<time_ns>.pt.trace.json``; milliseconds in older torch), else its mtime."""
-    m = _TRACE_TIME.search(os.path.basename(path))
-    if m:
-        return int(m.group(1)) / 10 ** (len(m.group(1)) - 10)  # seconds have 10 digits till 2286
-    try:
-        return os.path.getmtime(path)
-    except OSError:
-        return 0.0
-
-
 def load_run(logdir: str, folder: str, *, reader: Optional["EventReader"] = None) -> Run:
     """The run in ``folder`` (a folder :func:`find_runs` returned for ``logdir``).
 
@@ -306,7 +273,8 @@ def load_run(logdir: str, folder: str, *, reader: Optional["EventReader"] = None
     tab's, reading a run again as it grows): only what was appended since is parsed.
     """
     name = os.path.relpath(folder, logdir)
-    files = sorted(os.listdir(folder))  # TensorBoard's order: by name, which starts with the time
+    # TensorBoard's order: by name, which starts with the time
+    files, skipped = regular_files(folder, sorted(os.listdir(folder)))
     traces = [os.path.join(folder, f) for f in files if is_trace(f)]
     holds = _holds_trainkit_tag if reader is None else reader.holds_trainkit_tag
     sessions = tuple(f for f in files if EVENTS_MARK in f and holds(os.path.join(folder, f)))
@@ -327,7 +295,7 @@ def load_run(logdir: str, folder: str, *, reader: Optional["EventReader"] = None
         got: Dict[str, str] = {}
         scalars = scalars_of(sessions[0], got) if sessions else {}
         return Run(name=name, path=folder, scalars=scalars, traces=tuple(traces),
-                   sessions=sessions, meta=got, damaged=tuple(damaged))
+                   sessions=sessions, meta=got, damaged=tuple(damaged), skipped=skipped)
     meta: Dict[str, Dict[str, str]] = {f: {} for f in sessions}
     read = [(f, scalars_of(f, meta[f])) for f in sessions]
     counted = {f: first for f, first in ((f, _first_counted(got)) for f, got in read)
@@ -355,7 +323,28 @@ def load_run(logdir: str, folder: str, *, reader: Optional["EventReader"] = None
                meta={tag: text for f in shown for tag, text in meta[f].items()},
                restarts=tuple((t, first) for t, first in starts if t is not None),
                trace_sessions=named, redone=redone_from(shown, counted),
-               damaged=tuple(damaged))
+               damaged=tuple(damaged), skipped=skipped)
+
+
+def regular_files(folder: str, names: List[str]
+                  ) -> Tuple[List[str], Tuple[Tuple[str, str], ...]]:
+    """Of ``names`` (in ``folder``), those to read, and ``(path, what it is)`` of the event files
+    and traces left out as no regular file: a named pipe (FIFO) would keep the reading waiting
+    for a writer forever, a device never end it; a broken link has nothing to read."""
+    kept, skipped = [], []
+    for n in names:
+        path = os.path.join(folder, n)
+        try:
+            what = not_regular(os.stat(path).st_mode)
+        except OSError:
+            what = broken_link(path)
+            if not what:  # gone meanwhile
+                continue
+        if not what:
+            kept.append(n)
+        elif EVENTS_MARK in n or is_trace(n):
+            skipped.append((path, what))
+    return kept, tuple(skipped)
 
 
 #: What only a counted step writes (its optimizer's update, its time since the step before): a

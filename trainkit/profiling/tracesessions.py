@@ -18,8 +18,11 @@ and the analysis parses each of the others once.
 """
 from __future__ import annotations
 
-from typing import Collection, Dict, Iterable, Mapping, Sequence
+import os
+import re
+from typing import Collection, Dict, Iterable, Mapping, Optional, Sequence
 
+from .eventfiles import records_in
 from .tracefiles import read_trace_head
 from .tracestats import recorded_session
 
@@ -59,3 +62,40 @@ def redone_from(shown: Sequence[str], counted: Mapping[str, int]) -> Dict[str, i
         if first is not None:
             later = first if later is None else min(later, first)
     return out
+
+
+_FILE_TIME = re.compile(r"tfevents\.(\d+)\.")
+_TRACE_TIME = re.compile(r"\.(\d{10,})\.pt\.trace\.json(?:\.gz)?$")
+
+
+def session_start(path: str) -> Optional[float]:
+    """When the session writing the event file ``path`` started: its first event's wall time.
+
+    Falls back on the second in the file's name (``events.out.tfevents.<time>.<host>...``).
+    """
+    from google.protobuf.message import DecodeError
+    from tensorboard.compat.proto import event_pb2
+
+    try:
+        with open(path, "rb") as fh:
+            first = next(records_in(fh.read(4096)), None)  # the file_version event, ~30 bytes
+        if first is not None:
+            wall = event_pb2.Event.FromString(first).wall_time
+            if wall > 0:
+                return wall
+    except (OSError, DecodeError):
+        pass
+    m = _FILE_TIME.search(os.path.basename(path))
+    return float(m.group(1)) if m else None
+
+
+def trace_time(path: str) -> float:
+    """When a trace was written: the time in torch.profiler's name for it
+    (``<worker>.<time_ns>.pt.trace.json``; milliseconds in older torch), else its mtime."""
+    m = _TRACE_TIME.search(os.path.basename(path))
+    if m:
+        return int(m.group(1)) / 10 ** (len(m.group(1)) - 10)  # seconds have 10 digits till 2286
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return 0.0
