@@ -54,17 +54,20 @@ def as_paths(value: object) -> List[str]:
     return out
 
 
-def iter_python_files(paths: Collection[PathArg], seen: Optional[Set[str]] = None) -> Iterator[str]:
+def iter_python_files(paths: Collection[PathArg], seen: Optional[Set[str]] = None,
+                      errors: Optional[List[LintError]] = None) -> Iterator[str]:
     """Yield the files to lint: given files as they are, ``*.py`` under given folders.
 
     Hidden folders, ``__pycache__``, virtual environments (any folder with a
     ``pyvenv.cfg``) and ``site-packages`` are skipped; links to folders are followed, each real
     folder once. With ``seen`` (a set of real paths, added
     to), a file already in it is skipped: one file named twice (a folder and a file in it) is
-    linted once.
+    linted once. A folder that cannot be listed (no permission) is never passed over in
+    silence: one given raises; one found inside a given folder is added to ``errors`` (the walk
+    goes on), or raises without it.
 
     Raises:
-        LintError: A path that does not exist.
+        LintError: A path that does not exist, or a folder that cannot be listed.
 
     Example::
 
@@ -76,7 +79,14 @@ def iter_python_files(paths: Collection[PathArg], seen: Optional[Set[str]] = Non
             # Links to folders are followed, each real folder walked once: a link back to a folder
             # above (or to itself) would otherwise walk forever.
             walked = {os.path.realpath(path)}
-            for root, dirs, files in os.walk(path, followlinks=True):
+
+            def unlisted(exc: OSError, top: str = path) -> None:
+                error = LintError(exc.filename or top, 0, f"cannot read: {_unlisted(exc)}")
+                if errors is None or (exc.filename or top) == top:  # os.walk lists top as given
+                    raise error from exc
+                errors.append(error)
+
+            for root, dirs, files in os.walk(path, onerror=unlisted, followlinks=True):
                 dirs[:] = sorted(
                     d
                     for d in dirs
@@ -141,11 +151,22 @@ def read_source(path: str) -> str:
         raise LintError(path, 0, f"cannot read: {exc}") from exc
 
 
+def _unlisted(exc: OSError) -> str:
+    """Why a folder could not be listed, in words, with the fix."""
+    if isinstance(exc, PermissionError):
+        return (f"a folder you have no permission to list: its files are not linted; make it "
+                f"readable (chmod u+rx {exc.filename}) or lint as a user who can read it")
+    return f"a folder that cannot be listed ({exc.strerror or exc}): its files are not linted"
+
+
 def _why_not_opened(path: str, exc: OSError) -> str:
     """Why ``path`` could not be opened, in words: a broken link says where it points."""
     link = broken_link(path) if isinstance(exc, FileNotFoundError) else ""
     if link:
         return f"{link}: not linted; remove the link or point it at the file"
+    if isinstance(exc, PermissionError):
+        return (f"no permission to read it: not linted; make it readable (chmod u+r {path}) or "
+                f"lint as a user who can read it")
     if exc.errno == errno.ENXIO:  # a socket cannot be opened at all
         return "a socket, not a regular file: not linted; lint the .py file itself"
     return str(exc)

@@ -111,11 +111,18 @@ def run(args: argparse.Namespace) -> int:
     files: List[str] = []
     seen: Set[str] = set()  # a file given twice (``src/ src/train.py``) is linted once
     for given in args.paths:
+        walk_errors: List[LintError] = []  # folders inside it that cannot be listed
         try:
-            files.extend(_api.iter_python_files([given], seen))
+            files.extend(_api.iter_python_files([given], seen, walk_errors))
         except LintError as exc:
-            missing += 1
+            if exc.reason.startswith("cannot read"):  # a folder that cannot be listed
+                unread += 1
+            else:
+                missing += 1
             _report_failure(exc, given)
+        for exc in walk_errors:
+            unread += 1
+            _report_failure(exc, exc.path)
     for path in files:
         try:
             try:
