@@ -13,10 +13,10 @@ A patched ``optimizer.step`` is one pipeline, each technique a stage, all meetin
 
 The patch only adds instance attributes (``step``, ``zero_grad``, and the state), which
 ``Optimizer.__getstate__`` leaves out: ``state_dict``, pickling and ``copy.deepcopy`` see an
-unpatched optimizer (a class whose own ``__getstate__`` returns its ``__dict__`` gets an instance
-one that leaves them out: trainkit/_optstate.py). The new ``step`` is a bound method, as LR
-schedulers expect (they wrap ``optimizer.step.__func__``), whether they are created before or
-after the patch.
+unpatched optimizer (a class whose own ``__getstate__`` returns its ``__dict__``, or an optimizer
+whose ``fused`` the ablation switched, gets an instance one that leaves them out:
+trainkit/_optstate.py). The new ``step`` is a bound method, as LR schedulers expect (they wrap
+``optimizer.step.__func__``), whether they are created before or after the patch.
 """
 from __future__ import annotations
 
@@ -69,8 +69,8 @@ class OptimizerPatch:
         #: the arguments of the last ``zero_grad`` call the gate held
         self.held_zero_grad: Any = ((), {})
         self.compiled = False
-        #: undoes what the ``fused`` technique changed (trainkit.techniques.fused), if anything.
-        self.undo_fused: Optional[Callable[[], None]] = None
+        #: what the ``fused`` technique switched (trainkit.techniques.fused), if anything.
+        self.fused_switch: Any = None
         self._cuda: Optional[bool] = None
         #: the CUDA device index of its parameters (where its step's events go), once known
         self._device: Optional[int] = None
@@ -278,9 +278,9 @@ def _patch_optimizer(opt: Any, *, compile: bool, mode: Optional[str] = None,
         p.set_to_none = bool(technique("set_to_none", True))
         if not p.set_to_none:  # True is zero_grad's own default: nothing to wrap for it
             wrap_zero_grad(opt)
-        p.undo_fused = fused.apply(opt)
-        if _optstate.leaks(opt, _ATTR):  # its class's __getstate__ returns its __dict__
-            _optstate.guard(opt, _unpatched_state)
+        p.fused_switch = fused.apply(opt)
+        if p.fused_switch is not None or _optstate.leaks(opt, _ATTR):  # neither reaches a copy
+            _optstate.guard(opt, lambda d, p=p: _unpatched_state(p, d))
     if core is not None:
         p.core = core
         p.compiled = True
@@ -301,8 +301,8 @@ def _unpatch_optimizer(opt: Any) -> Any:
     _restore_methods(opt.__dict__, p)
     _optstate.unguard(opt)
     _patched.discard(opt)
-    if p.undo_fused is not None:
-        p.undo_fused()
+    if p.fused_switch is not None:
+        p.fused_switch.undo()
     compiled = getattr(p.core, "trainkit_compiled", None)
     if compiled is not None:  # its load_state_dict hooks (techniques._state_keeper)
         compiled.release(opt)
@@ -322,13 +322,13 @@ def _restore_methods(d: dict, p: OptimizerPatch) -> None:
                 d[name] = saved
 
 
-def _unpatched_state(d: dict) -> dict:
-    """A patched optimizer's ``__dict__`` (a copy) as it would be unpatched: what its instance
-    ``__getstate__`` hands to ``pickle`` and ``copy`` (trainkit._optstate)."""
-    p = d.pop(_ATTR, None)
-    if p is not None:
-        _restore_methods(d, p)
-    return d
+def _unpatched_state(p: OptimizerPatch, d: dict) -> dict:
+    """``d``, the ``__dict__`` part of a copy of the optimizer patched by ``p``, as it would be
+    unpatched: what its instance ``__getstate__`` hands to ``pickle`` and ``copy``
+    (trainkit._optstate), its ``fused`` switch left out too (techniques._fused_switch)."""
+    d.pop(_ATTR, None)
+    _restore_methods(d, p)
+    return d if p.fused_switch is None else p.fused_switch.unswitched(d)
 
 
 def patch(obj: Any, *, compile: bool = False) -> Any:

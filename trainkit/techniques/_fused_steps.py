@@ -100,6 +100,24 @@ class OwnValues:
         opt.defaults["fused"], opt.defaults["foreach"] = self.defaults
         host_steps(opt)
 
+    def unswitched_group(self, g: Any) -> Any:
+        """A copy of ``g`` (a live group) with its own ``fused``/``foreach``; ``g`` itself where
+        it has no ``fused`` (not a group of the switch)."""
+        if not isinstance(g, dict) or "fused" not in g:
+            return g
+        fused, foreach = self.of(g)
+        return dict(g, fused=fused, foreach=foreach)
+
+    def moved_steps(self, opt: Any) -> Dict[Any, Any]:
+        """``{param: step}`` for each step counter of ``opt`` that its group's own mode hosts
+        elsewhere: there (new tensors; the live state is left as it is)."""
+        moved = {}
+        for g, p, state in _steps(opt):
+            own = on_device(g, self.of(g)[0])
+            if own != on_device(g):
+                moved[p] = hosted(state["step"], p, own)
+        return moved
+
     def unswitched_state_dict(self, opt: Any, state_dict: Dict[str, Any]) -> Dict[str, Any]:
         """``state_dict`` (``opt.state_dict()``'s result) as the unpatched ``opt`` would save it:
         each group's own ``fused``/``foreach``, and its steps hosted for that mode (new tensors:
@@ -112,35 +130,23 @@ class OwnValues:
             if "fused" in saved:
                 saved["fused"], saved["foreach"] = self.of(g)
         saved_state = state_dict.get("state", {})
-        for g, p, state in _steps(opt):
-            own = on_device(g, self.of(g)[0])
+        for p, step in self.moved_steps(opt).items():
             i = index.get(id(p))
-            if own != on_device(g) and i in saved_state and saved_state[i] is state:
-                saved_state[i] = dict(state, step=hosted(state["step"], p, own))
+            if i in saved_state and saved_state[i] is opt.state[p]:
+                saved_state[i] = dict(saved_state[i], step=step)
         return state_dict
 
 
-def hooks(opt: Any, own: OwnValues, reapply: Callable[[Any], None]) -> Callable[[], None]:
-    """Register on ``opt`` the ``state_dict`` post-hook that saves its own values
-    (:meth:`OwnValues.unswitched_state_dict`), and the ``load_state_dict`` post-hook that notes
-    the loaded groups' values as their own and applies the switch again (``reapply``: a
-    checkpoint's groups replace the switched ones); returns what removes both. Nothing where this
-    torch has no such hooks.
+def hooks(opt: Any, saved: Callable[[Any, Dict[str, Any]], Any],
+          loaded: Callable[[Any], None]) -> List[Any]:
+    """Register on ``opt`` the ``state_dict`` post-hook ``saved`` (which hands over what the
+    unpatched optimizer saves, :meth:`OwnValues.unswitched_state_dict`) and the
+    ``load_state_dict`` post-hook ``loaded`` (a checkpoint's groups replace the switched ones);
+    returns their handles (none where this torch has no such hooks).
 
     The load hook goes first (``prepend``): a compiled step's hook that keeps state tensors'
     identity (trainkit.techniques._state_keeper) then sees the steps where they will stay."""
     if not hasattr(opt, "register_load_state_dict_post_hook"):
-        return lambda: None
-
-    def loaded(optimizer: Any) -> None:
-        own.note(optimizer.param_groups)
-        reapply(optimizer)
-
-    handles = [opt.register_state_dict_post_hook(own.unswitched_state_dict),
-               opt.register_load_state_dict_post_hook(loaded, prepend=True)]
-
-    def remove() -> None:
-        for h in handles:
-            h.remove()
-
-    return remove
+        return []
+    return [opt.register_state_dict_post_hook(saved),
+            opt.register_load_state_dict_post_hook(loaded, prepend=True)]

@@ -12,17 +12,17 @@ Turning it on also turns ``foreach`` off (the two cannot both be True). Either w
 parameter's device for fused, a CPU tensor for the for-loop update (left on a GPU, each was an
 ``.item()`` sync per parameter per step). Groups added with ``add_param_group`` take the switch;
 ``optimizer.state_dict()`` saves what the unpatched optimizer would (its own ``fused`` values,
-its steps hosted for them), and ``load_state_dict`` under the patch keeps the switch.
-``tk.unpatch`` gives every group, those added or loaded since too, its own values back, and the
-steps their place.
+its steps hosted for them), and so do ``copy.deepcopy`` and ``pickle`` (:mod:`._fused_switch`);
+``load_state_dict`` under the patch keeps the switch. ``tk.unpatch`` gives every group, those
+added or loaded since too, its own values back, and the steps their place.
 """
 from __future__ import annotations
 
 import inspect
-import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ._fused_steps import OwnValues, host_steps, hooks
+from ._fused_steps import host_steps
+from ._fused_switch import Switch
 
 
 def _supported_devices() -> List[str]:
@@ -165,8 +165,9 @@ def _set_fused(opt: Any, want: bool) -> None:
         opt.defaults["foreach"] = False
 
 
-def apply(opt: Any) -> Optional[Callable[[], None]]:
-    """Apply the ``fused`` technique to ``opt``; returns the undo, or None when nothing changed.
+def apply(opt: Any) -> Optional[Switch]:
+    """Apply the ``fused`` technique to ``opt``; returns the switch (whose ``undo()`` undoes it),
+    or None when nothing changed.
 
     Example::
 
@@ -181,30 +182,4 @@ def apply(opt: Any) -> Optional[Callable[[], None]]:
     want = switches.technique("fused", current)
     if bool(want) == bool(current) or not _valid(opt, bool(want)):
         return None
-    want = bool(want)
-    own = OwnValues(opt, want)
-    had = opt.__dict__.get("_step_supports_amp_scaling", None)
-
-    def switch(opt: Any) -> None:
-        _set_fused(opt, want)
-        host_steps(opt)  # where the switched update reads them: no per-step sync, no failure
-
-    switch(opt)
-    # What the constructor sets with fused=True: GradScaler then leaves unscaling to the kernel.
-    opt._step_supports_amp_scaling = want
-    remove_hooks = hooks(opt, own, switch)
-
-    ref = weakref.ref(opt)  # the undo is kept in the optimizer's patch: no cycle through it
-
-    def undo() -> None:
-        opt = ref()
-        if opt is None:
-            return
-        remove_hooks()
-        own.restore(opt)  # groups added or loaded since too, and the steps for their mode
-        if had is None:
-            opt.__dict__.pop("_step_supports_amp_scaling", None)
-        else:
-            opt._step_supports_amp_scaling = had
-
-    return undo
+    return Switch(opt, bool(want), _set_fused)

@@ -1,0 +1,106 @@
+"""Copies of an optimizer whose ``fused`` the ablation switched are the unpatched one's copies.
+
+``copy.deepcopy`` and ``pickle`` take what ``__getstate__`` hands over: the live groups, defaults
+and state. Before the fix a copy of an optimizer switched to fused was fused itself (``fused=True``
+in its groups and defaults, its steps float32 as fused state keeps them) with no patch to undo
+it: a model-averaging copy, or a pickled trainer resumed later, ran fused. The default dtype is
+float64 here, where the for-loop update keeps its steps in float64: the place tells them apart.
+"""
+from __future__ import annotations
+
+import copy
+import pickle
+from typing import Any, Callable, Iterator, List
+
+import pytest
+import torch
+
+import trainkit as tk
+from trainkit import switches
+from trainkit.techniques import fused
+
+COPIERS = {"deepcopy": copy.deepcopy, "pickle": lambda o: pickle.loads(pickle.dumps(o))}
+
+
+class DictStateAdam(torch.optim.Adam):
+    """A class whose ``__getstate__`` hands over its whole ``__dict__`` (hooks, flags and all)."""
+
+    def __getstate__(self) -> Any:
+        return self.__dict__
+
+
+@pytest.fixture(autouse=True)
+def float64() -> Iterator[None]:
+    if "cpu" not in fused._supported_devices():
+        pytest.skip("fused optimizer kernels on the CPU need torch >= 2.4")
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+
+
+def _train(opt: Any, steps: int) -> List[torch.Tensor]:
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for i in range(steps):
+        for p in params:
+            p.grad = torch.full_like(p, 0.1 * (i + 1))
+        opt.step()
+    return [p.detach().clone() for p in params]
+
+
+def _trained(cls: type, switch: bool) -> Any:
+    opt = cls(_model().parameters(), lr=0.05)
+    _train(opt, 2)
+    if switch:
+        with switches.overrides({"fused": True}):
+            tk.patch(opt)
+        assert opt.param_groups[0]["fused"] is True
+    return opt
+
+
+def _seen(opt: Any) -> Any:
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    steps = {(v["step"].dtype, float(v["step"])) for v in opt.state.values()}
+    return groups, opt.defaults, steps
+
+
+@pytest.mark.parametrize("how", sorted(COPIERS))
+@pytest.mark.parametrize("cls", [torch.optim.Adam, DictStateAdam], ids=lambda c: c.__name__)
+def test_a_copy_of_a_switched_optimizer_is_the_unpatched_ones_copy(
+        how: str, cls: type) -> None:
+    copier: Callable[[Any], Any] = COPIERS[how]
+    plain, opt = _trained(cls, False), _trained(cls, True)
+    live = [opt.state[p]["step"] for g in opt.param_groups for p in g["params"]]
+    want, dup = copier(plain), copier(opt)
+    assert _seen(dup) == _seen(want)  # before: fused=True in both, float32 steps
+    assert {dt for dt, _ in _seen(want)[2]} == {torch.float64}
+    assert sorted(dup.__dict__) == sorted(want.__dict__)  # no flag, patch or getstate of ours
+    # the original is left switched, its steps the same tensors
+    assert opt.param_groups[0]["fused"] is True and opt.defaults["fused"] is True
+    assert [opt.state[p]["step"] for g in opt.param_groups for p in g["params"]] == live
+    for a, b in zip(_train(dup, 2), _train(want, 2)):  # the copy runs the unfused update
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert _seen(dup) == _seen(want)
+    tk.unpatch(opt)
+
+
+def test_a_copy_carries_none_of_the_switchs_hooks() -> None:
+    """A class handing over its ``__dict__`` handed over the switch's ``load_state_dict`` hook:
+    a checkpoint loaded into the copy switched it to fused, and ``_step_supports_amp_scaling``
+    had GradScaler leave unscaling to a kernel the copy did not run."""
+    plain, opt = _trained(DictStateAdam, False), _trained(DictStateAdam, True)
+    dup = copy.deepcopy(opt)
+    assert "_step_supports_amp_scaling" not in dup.__dict__
+    assert len(dup._optimizer_load_state_dict_post_hooks) == 0
+    assert len(dup._optimizer_state_dict_post_hooks) == 0
+    dup.load_state_dict(plain.state_dict())
+    assert dup.param_groups[0]["fused"] is None
+    assert {v["step"].dtype for v in dup.state.values()} == {torch.float64}
+    assert len(opt._optimizer_load_state_dict_post_hooks) == 1  # the original keeps its own
+    tk.unpatch(opt)
+    assert opt.param_groups[0]["fused"] is None and "__getstate__" not in opt.__dict__

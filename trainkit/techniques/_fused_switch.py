@@ -1,0 +1,105 @@
+"""One optimizer's ``fused`` switch (trainkit.techniques.fused): made at ``tk.patch``, kept on the
+groups a checkpoint loads, left out of what ``state_dict`` saves and of copies, undone at
+``tk.unpatch``.
+
+A copy (``copy.deepcopy``, ``pickle``) is made from the optimizer's ``__getstate__``, which hands
+over its live ``param_groups``, ``defaults`` and ``state``: a copy of a switched optimizer was
+switched too (``fused=True`` in its groups and defaults, its steps hosted for the fused update),
+and stayed so, with no patch to undo it. The patch gives a switched optimizer an instance
+``__getstate__`` (trainkit._optstate.guard) that hands over, through :meth:`Switch.unswitched`,
+what the unpatched optimizer would: copies of its groups and defaults with their own values, its
+steps hosted for them. A shallow ``copy.copy`` so gets groups of its own where the unpatched one's
+shares the original's.
+"""
+from __future__ import annotations
+
+import copy
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, Dict, List
+
+from ._fused_steps import OwnValues, host_steps, hooks
+
+_AMP = "_step_supports_amp_scaling"
+#: The hook registries of an optimizer's ``__dict__`` the switch adds to (:func:`hooks`).
+_HOOKS = ("_optimizer_state_dict_post_hooks", "_optimizer_load_state_dict_post_hooks")
+
+
+class Switch:
+    """``fused=want`` set on ``opt``'s groups and defaults, its steps hosted for it, and what
+    undoes it (:meth:`undo`). Holds ``opt`` weakly: it lives in the optimizer's patch."""
+
+    def __init__(self, opt: Any, want: bool, set_fused: Callable[[Any, bool], None]) -> None:
+        self.want = want
+        self.on = True
+        self.own = OwnValues(opt, want)
+        self._set_fused = set_fused
+        self._had = opt.__dict__.get(_AMP, None)
+        self._ref = weakref.ref(opt)
+        self._switch(opt)
+        # What the constructor sets with fused=True: GradScaler then leaves unscaling to the kernel.
+        setattr(opt, _AMP, want)
+        self._handles: List[Any] = hooks(opt, self._saved, self._loaded)
+
+    def _switch(self, opt: Any) -> None:
+        self._set_fused(opt, self.want)
+        host_steps(opt)  # where the switched update reads them: no per-step sync, no failure
+
+    def _saved(self, opt: Any, state_dict: Dict[str, Any]) -> Dict[str, Any]:
+        return self.own.unswitched_state_dict(opt, state_dict) if self.on else state_dict
+
+    def _loaded(self, opt: Any) -> None:
+        if self.on:  # the checkpoint's values are the groups' own; the switch goes on them
+            self.own.note(opt.param_groups)
+            self._switch(opt)
+
+    def undo(self) -> None:
+        """Give every group (those added or loaded since too) and the defaults their own values,
+        the steps their place, and remove the hooks (``tk.unpatch``)."""
+        opt = self._ref()
+        if opt is None:
+            return
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if not self.on:
+            return
+        self.on = False
+        self.own.restore(opt)
+        if self._had is None:
+            opt.__dict__.pop(_AMP, None)
+        else:
+            setattr(opt, _AMP, self._had)
+
+    def unswitched(self, d: Dict[str, Any]) -> Dict[str, Any]:
+        """``d``, the ``__dict__`` part of the optimizer's ``__getstate__`` (a copy), as the
+        unpatched optimizer hands it over: its groups and defaults copies with their own values,
+        its state a copy with the steps its own mode hosts elsewhere (trainkit._optstate)."""
+        opt = self._ref()
+        if opt is None or not self.on:
+            return d
+        if isinstance(d.get("param_groups"), list):
+            d["param_groups"] = [self.own.unswitched_group(g) for g in d["param_groups"]]
+        defaults = d.get("defaults")
+        if isinstance(defaults, dict) and "fused" in defaults:
+            d["defaults"] = dict(defaults, fused=self.own.defaults[0])
+            if "foreach" in defaults:
+                d["defaults"]["foreach"] = self.own.defaults[1]
+        state = d.get("state")
+        moved = self.own.moved_steps(opt)
+        if moved and isinstance(state, dict):
+            d["state"] = state = copy.copy(state)  # a defaultdict stays one
+            for p, step in moved.items():
+                if isinstance(state.get(p), dict):
+                    state[p] = dict(state[p], step=step)
+        # What a class whose __getstate__ returns its whole __dict__ hands over too.
+        if _AMP in d:
+            if self._had is None:
+                del d[_AMP]
+            else:
+                d[_AMP] = self._had
+        ours = {h.id for h in self._handles}
+        for key in _HOOKS:
+            if isinstance(d.get(key), dict) and ours & d[key].keys():
+                d[key] = OrderedDict((k, v) for k, v in d[key].items() if k not in ours)
+        return d
