@@ -11,11 +11,11 @@ A patched ``optimizer.step`` is one pipeline, each technique a stage, all meetin
 * the timers record ``update_ms``, ``closure_ms`` and, for the first optimizer that steps in a
   session, ``step_time_ms`` (wall time between consecutive real steps).
 
-The patch only adds instance attributes (``step``, ``zero_grad``, and the state), which
-``Optimizer.__getstate__`` leaves out: ``state_dict``, pickling and ``copy.deepcopy`` see an
-unpatched optimizer (a class whose own ``__getstate__`` returns its ``__dict__``, or an optimizer
-whose ``fused`` the ablation switched, gets an instance one that leaves them out:
-trainkit/_optstate.py). The new ``step`` is a bound method, as LR schedulers expect (they wrap
+The patch only adds instance attributes (``step``, ``zero_grad``, the state; ``add_param_group``
+under the fused switch), which ``Optimizer.__getstate__`` leaves out: ``state_dict``, pickling and
+``copy.deepcopy`` see an unpatched optimizer (a class whose own ``__getstate__`` returns its
+``__dict__``, or an optimizer whose ``fused`` the ablation switched, gets an instance one that
+leaves them out: trainkit/_optstate.py). The new ``step`` is a bound method, as LR schedulers expect (they wrap
 ``optimizer.step.__func__``), whether they are created before or after the patch.
 """
 from __future__ import annotations

@@ -66,10 +66,11 @@ def host_steps(opt: Any) -> None:
 class OwnValues:
     """The ``fused`` and ``foreach`` values each group of a switched optimizer holds unpatched.
 
-    Kept by group identity: the groups at the switch, and those ``load_state_dict`` makes under it
-    (:meth:`note`). A group ``add_param_group`` added under the switch took the switched
-    ``defaults`` (``setdefault``); its own values are the unpatched defaults, unless it carries a
-    value other than the switched one (given by the caller, who wanted it).
+    Kept by group identity: the groups at the switch, those ``load_state_dict`` makes under it
+    (:meth:`note`) and those ``add_param_group`` adds (:meth:`added`: the values its caller gave,
+    the unpatched defaults for the others). A group added some other way (``param_groups.append``)
+    took what it took; its own values are taken for the unpatched defaults where it holds the
+    switched value, else for its own.
     """
 
     def __init__(self, opt: Any, switched: Any) -> None:
@@ -82,6 +83,13 @@ class OwnValues:
         """Record ``groups``' current values as their own (before the switch is applied)."""
         for g in groups:
             self._groups[id(g)] = (g, (g.get("fused"), g.get("foreach")))
+
+    def added(self, g: Dict[str, Any], given: Dict[str, Any]) -> None:
+        """Record the own values of ``g``, a group ``add_param_group`` added: those of ``given``
+        (what its caller wrote), the unpatched defaults for the others (it took the switched
+        ones, ``setdefault``)."""
+        self._groups[id(g)] = (g, (given.get("fused", self.defaults[0]),
+                                   given.get("foreach", self.defaults[1])))
 
     def of(self, g: Dict[str, Any]) -> Own:
         """``g``'s own ``(fused, foreach)``."""

@@ -1,6 +1,12 @@
 """One optimizer's ``fused`` switch (trainkit.techniques.fused): made at ``tk.patch``, kept on the
-groups a checkpoint loads, left out of what ``state_dict`` saves and of copies, undone at
+groups added or loaded later, left out of what ``state_dict`` saves and of copies, undone at
 ``tk.unpatch``.
+
+A group ``add_param_group`` adds takes the switched ``defaults`` (``setdefault``), so after it
+nothing tells a value its caller wrote from one it took: the switch sets an instance
+``add_param_group`` (:meth:`Switch.add_param_group`) that notes what the caller wrote, which
+``tk.unpatch`` gives back (a group added with ``fused=True`` under a ``fused=True`` override was
+given the optimizer's unpatched default, None).
 
 A copy (``copy.deepcopy``, ``pickle``) is made from the optimizer's ``__getstate__``, which hands
 over its live ``param_groups``, ``defaults`` and ``state``: a copy of a switched optimizer was
@@ -18,9 +24,11 @@ import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List
 
+from .._optcalls import rebind, unbind
 from ._fused_steps import OwnValues, host_steps, hooks
 
 _AMP = "_step_supports_amp_scaling"
+_ADD = "add_param_group"
 #: The hook registries of an optimizer's ``__dict__`` the switch adds to (:func:`hooks`).
 _HOOKS = ("_optimizer_state_dict_post_hooks", "_optimizer_load_state_dict_post_hooks")
 
@@ -40,6 +48,26 @@ class Switch:
         # What the constructor sets with fused=True: GradScaler then leaves unscaling to the kernel.
         setattr(opt, _AMP, want)
         self._handles: List[Any] = hooks(opt, self._saved, self._loaded)
+        # Its own add_param_group, kept unbound (bound, held here, it was a reference cycle).
+        self._add = unbind(opt.add_param_group, opt)
+        self._add_attr = unbind(opt.__dict__[_ADD], opt) if _ADD in opt.__dict__ else None
+        opt.__dict__[_ADD] = self.add_param_group
+
+    def add_param_group(self, param_group: Any) -> None:
+        """The optimizer's own ``add_param_group``; the group it adds takes the switch where its
+        caller gave no ``fused`` (as the groups at the patch took it), and keeps as its own
+        values (:meth:`OwnValues.added`) what its caller wrote."""
+        given = {k: param_group[k] for k in ("fused", "foreach")
+                 if isinstance(param_group, dict) and k in param_group}
+        opt = self._ref()
+        before = len(opt.param_groups) if opt is not None else 0
+        rebind(self._add, self._ref)(param_group)
+        if opt is None or not self.on:
+            return
+        for g in opt.param_groups[before:]:
+            self.own.added(g, given)
+            if "fused" not in given and self.want and g.get("foreach"):
+                g["foreach"] = False  # (the two cannot both be True), as at the patch
 
     def _switch(self, opt: Any) -> None:
         self._set_fused(opt, self.want)
@@ -62,6 +90,7 @@ class Switch:
         for h in self._handles:
             h.remove()
         self._handles = []
+        self._unwrap(opt.__dict__)
         if not self.on:
             return
         self.on = False
@@ -71,10 +100,20 @@ class Switch:
         else:
             setattr(opt, _AMP, self._had)
 
+    def _unwrap(self, d: Dict[str, Any]) -> None:
+        """Put back in ``d`` (the optimizer's ``__dict__``, or a copy's) the ``add_param_group``
+        it had, where it is still ours (else what wrapped it since passes through ours)."""
+        if d.get(_ADD) == self.add_param_group:
+            if self._add_attr is None:
+                del d[_ADD]
+            else:
+                d[_ADD] = rebind(self._add_attr, self._ref)
+
     def unswitched(self, d: Dict[str, Any]) -> Dict[str, Any]:
         """``d``, the ``__dict__`` part of the optimizer's ``__getstate__`` (a copy), as the
         unpatched optimizer hands it over: its groups and defaults copies with their own values,
         its state a copy with the steps its own mode hosts elsewhere (trainkit._optstate)."""
+        self._unwrap(d)
         opt = self._ref()
         if opt is None or not self.on:
             return d

@@ -10,7 +10,8 @@ torch is asked: see :func:`_accepted`. Where it is not valid the optimizer is le
 Turning it on also turns ``foreach`` off (the two cannot both be True). Either way the state's
 ``step`` tensors go where the switched update reads them (:mod:`._fused_steps`): float32 on the
 parameter's device for fused, a CPU tensor for the for-loop update (left on a GPU, each was an
-``.item()`` sync per parameter per step). Groups added with ``add_param_group`` take the switch;
+``.item()`` sync per parameter per step). Groups added with ``add_param_group`` take the switch
+where their caller gave no ``fused`` (what it wrote is what ``tk.unpatch`` gives back);
 ``optimizer.state_dict()`` saves what the unpatched optimizer would (its own ``fused`` values,
 its steps hosted for them), and so do ``copy.deepcopy`` and ``pickle`` (:mod:`._fused_switch`);
 ``load_state_dict`` under the patch keeps the switch. ``tk.unpatch`` gives every group, those
