@@ -62,3 +62,64 @@ def test_switched_off_an_explicit_false_is_kept_at_unpatch() -> None:
     assert _values(opt) == [(False, None)] * 3
     tk.unpatch(opt)
     assert _values(opt) == [(True, None), (False, None), (True, None)]
+
+
+def _train(opt: Any, steps: int = 2) -> List[torch.Tensor]:
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for i in range(steps):
+        for p in params:
+            p.grad = torch.full_like(p, 0.1 * (i + 1))
+        opt.step()
+    return [p.detach().clone() for p in params]
+
+
+def test_an_added_group_the_fused_step_refuses_switches_the_optimizer_back() -> None:
+    """Asked at the patch only, a group added later that torch's fused step refuses (complex
+    parameters here) was given ``fused=True`` and the next step raised torch's error, where the
+    unpatched optimizer runs. Now it is asked on arrival: refused, the optimizer goes back to
+    its own values, as one refused at the patch is left as it is, and a warning says so."""
+    opt, ref = _switched(True), torch.optim.Adam([_param()], lr=0.05)
+    _train(opt), _train(ref)
+    assert opt.param_groups[0]["fused"] is True
+    ok = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    opt.add_param_group({"params": [ok]})  # taken: the switch stays
+    ref.add_param_group({"params": [_param(torch.float64)]})
+    assert _values(opt)[1] == (True, None)
+    with pytest.warns(RuntimeWarning, match=r"fused=True override no longer applies to Adam.*"
+                      r"add_param_group \(RuntimeError: .*complex64.*own optimizer|optimizer of"):
+        opt.add_param_group({"params": [_param(torch.complex64)]})
+    ref.add_param_group({"params": [_param(torch.complex64)]})
+    assert _values(opt) == [(None, None)] * 3 and opt.defaults["fused"] is None
+    assert "_step_supports_amp_scaling" not in opt.__dict__
+    for a, b in zip(_train(opt), _train(ref)):  # before: RuntimeError at this step
+        torch.testing.assert_close(a, b)
+    tk.unpatch(opt)
+    assert _values(opt) == [(None, None)] * 3 and "add_param_group" not in opt.__dict__
+
+
+def test_a_group_given_its_own_fused_is_not_asked() -> None:
+    """What the caller wrote is kept as given, as unpatched torch would run it: not asked."""
+    opt = _switched(True)
+    opt.add_param_group({"params": [_param(torch.complex64)], "fused": False})
+    assert _values(opt) == [(True, None), (False, None)]
+    tk.unpatch(opt)
+
+
+def test_a_loaded_group_the_fused_step_refuses_switches_the_optimizer_back() -> None:
+    """A checkpoint's groups replace the switched ones, their options with them: one saved with
+    ``differentiable=True`` was switched to fused on load, and the next step raised ("does not
+    support differentiable"). Asked at the load, refused: the optimizer keeps the checkpoint's
+    own values."""
+    opt = _switched(True)
+    _train(opt)
+    saved = opt.state_dict()
+    saved["param_groups"][0]["differentiable"] = True
+    with pytest.warns(RuntimeWarning, match="groups loaded with load_state_dict.*differentiable"):
+        opt.load_state_dict(saved)
+    assert _values(opt) == [(None, None)] and opt.param_groups[0]["differentiable"] is True
+    _train(opt)  # before: RuntimeError
+    plain = torch.optim.Adam([_param()], lr=0.05)
+    opt.load_state_dict(plain.state_dict())  # switched back for good: no warning, no switch
+    assert _values(opt) == [(None, None)]
+    tk.unpatch(opt)
+    assert _values(opt) == [(None, None)]

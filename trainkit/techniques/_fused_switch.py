@@ -8,6 +8,15 @@ nothing tells a value its caller wrote from one it took: the switch sets an inst
 ``tk.unpatch`` gives back (a group added with ``fused=True`` under a ``fused=True`` override was
 given the optimizer's unpatched default, None).
 
+Whether torch's fused step takes the groups is asked at the patch (trainkit.techniques.fused
+``_accepted``), and asked again of each group that arrives under ``fused=True``: added with
+``add_param_group`` (unless its caller wrote its ``fused``) or loaded with ``load_state_dict``.
+Unasked, a group the kernel refuses (complex parameters, ``differentiable=True``, a device
+without fused kernels) failed at the next step with torch's error, where the unpatched optimizer
+ran. Refused, the optimizer goes back to its own values, as one refused at the patch is left as
+it is (a mix of fused and unfused groups would fail under a GradScaler, which leaves the
+unscaling to the kernel of every group), and a RuntimeWarning says so.
+
 A copy (``copy.deepcopy``, ``pickle``) is made from the optimizer's ``__getstate__``, which hands
 over its live ``param_groups``, ``defaults`` and ``state``: a copy of a switched optimizer was
 switched too (``fused=True`` in its groups and defaults, its steps hosted for the fused update),
@@ -20,11 +29,13 @@ shares the original's.
 from __future__ import annotations
 
 import copy
+import warnings
 import weakref
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 from .._optcalls import rebind, unbind
+from .._text import brief, user_stacklevel
 from ._fused_steps import OwnValues, host_steps, hooks
 
 _AMP = "_step_supports_amp_scaling"
@@ -37,11 +48,13 @@ class Switch:
     """``fused=want`` set on ``opt``'s groups and defaults, its steps hosted for it, and what
     undoes it (:meth:`undo`). Holds ``opt`` weakly: it lives in the optimizer's patch."""
 
-    def __init__(self, opt: Any, want: bool, set_fused: Callable[[Any, bool], None]) -> None:
+    def __init__(self, opt: Any, want: bool, set_fused: Callable[[Any, bool], None],
+                 refusal: Callable[..., Optional[str]]) -> None:
         self.want = want
         self.on = True
         self.own = OwnValues(opt, want)
         self._set_fused = set_fused
+        self._refusal = refusal  # fused._refusal: why torch's fused step refuses groups, if it does
         self._had = opt.__dict__.get(_AMP, None)
         self._ref = weakref.ref(opt)
         self._switch(opt)
@@ -64,10 +77,39 @@ class Switch:
         rebind(self._add, self._ref)(param_group)
         if opt is None or not self.on:
             return
-        for g in opt.param_groups[before:]:
+        added = opt.param_groups[before:]
+        for g in added:
             self.own.added(g, given)
-            if "fused" not in given and self.want and g.get("foreach"):
+        if "fused" in given:  # the caller's own value: kept as given
+            return
+        why = self._refused(opt, added)
+        if why is not None:
+            self._off(opt, why, "the group added with add_param_group")
+            return
+        for g in added:
+            if self.want and g.get("foreach"):
                 g["foreach"] = False  # (the two cannot both be True), as at the patch
+
+    def _refused(self, opt: Any, groups: List[Dict[str, Any]]) -> Optional[str]:
+        """Why torch's fused step refuses ``groups`` (of ``opt``) with their own values, as at
+        the patch; None where it takes them, or where the switch turns fused off."""
+        if not self.want or not groups:
+            return None
+        own = [dict(g, fused=self.own.of(g)[0], foreach=self.own.of(g)[1]) for g in groups]
+        fused, foreach = self.own.defaults
+        return self._refusal(opt, own, dict(opt.defaults, fused=fused, foreach=foreach))
+
+    def _off(self, opt: Any, why: str, what: str) -> None:
+        """Switch ``opt`` back to its own values and say so: torch's fused step refuses ``what``
+        (groups that arrived) for ``why``, and an optimizer it refuses at the patch is left as it
+        is. The hooks stay (torch may be running them, from their registry): they pass through."""
+        self._restore(opt)
+        warnings.warn(
+            f"trainkit: the fused=True override no longer applies to {brief(opt)}: torch's "
+            f"fused step refuses {what} ({why}), so its groups run their own update from here "
+            f"on, as unpatched (from here the run measures no fused update). To measure fused, "
+            f"give those parameters an optimizer of their own",
+            RuntimeWarning, stacklevel=user_stacklevel(past_torch=True))
 
     def _switch(self, opt: Any) -> None:
         self._set_fused(opt, self.want)
@@ -77,8 +119,13 @@ class Switch:
         return self.own.unswitched_state_dict(opt, state_dict) if self.on else state_dict
 
     def _loaded(self, opt: Any) -> None:
-        if self.on:  # the checkpoint's values are the groups' own; the switch goes on them
-            self.own.note(opt.param_groups)
+        if not self.on:
+            return
+        self.own.note(opt.param_groups)  # the checkpoint's values are the groups' own
+        why = self._refused(opt, opt.param_groups)  # (its differentiable, capturable...)
+        if why is not None:
+            self._off(opt, why, "the groups loaded with load_state_dict")
+        else:
             self._switch(opt)
 
     def undo(self) -> None:
@@ -91,6 +138,9 @@ class Switch:
             h.remove()
         self._handles = []
         self._unwrap(opt.__dict__)
+        self._restore(opt)
+
+    def _restore(self, opt: Any) -> None:
         if not self.on:
             return
         self.on = False

@@ -11,7 +11,8 @@ Turning it on also turns ``foreach`` off (the two cannot both be True). Either w
 ``step`` tensors go where the switched update reads them (:mod:`._fused_steps`): float32 on the
 parameter's device for fused, a CPU tensor for the for-loop update (left on a GPU, each was an
 ``.item()`` sync per parameter per step). Groups added with ``add_param_group`` take the switch
-where their caller gave no ``fused`` (what it wrote is what ``tk.unpatch`` gives back);
+where their caller gave no ``fused`` (what it wrote is what ``tk.unpatch`` gives back), and where
+torch's fused step takes them (:mod:`._fused_switch`: else the optimizer goes back to its own);
 ``optimizer.state_dict()`` saves what the unpatched optimizer would (its own ``fused`` values,
 its steps hosted for them), and so do ``copy.deepcopy`` and ``pickle`` (:mod:`._fused_switch`);
 ``load_state_dict`` under the patch keeps the switch. ``tk.unpatch`` gives every group, those
@@ -66,7 +67,7 @@ def _torch_class(cls: type) -> type:
 
 def _accepted(opt: Any) -> bool:
     """Whether this torch's step of ``opt``'s class runs ``fused=True`` for its parameters: asked
-    of a scratch twin, never of ``opt``.
+    of a scratch twin, never of ``opt`` (:func:`_refusal`).
 
     Which (class, device, dtype) takes a fused step is each class's own code and changes with the
     release (torch 2.11's Adagrad calls ``_device_dtype_check_for_fused(p, cuda_unsupported=True)``
@@ -82,14 +83,22 @@ def _accepted(opt: Any) -> bool:
     no user hook or trace sees it. A version table would cost nothing at run time but go stale
     with each release; the device list is what went wrong.
     """
+    return _refusal(opt) is None
+
+
+def _refusal(opt: Any, groups: Optional[List[Dict[str, Any]]] = None,
+             defaults: Optional[Dict[str, Any]] = None) -> Optional[str]:
+    """What :func:`_accepted` asks, of ``groups`` (``opt``'s own groups, or others of its
+    parameters: those added or loaded under the switch, with their own values) and ``defaults``
+    (``opt.defaults``): None where the fused step takes them, else why not (what it raised)."""
     import torch
 
     try:
-        cls, kwargs, groups, stateful = _twin_args(opt)
-    except (TypeError, ValueError):  # a constructor whose signature cannot be read
-        return False
+        cls, kwargs, groups, stateful = _twin_args(opt, groups=groups, defaults=defaults)
+    except (TypeError, ValueError) as exc:  # a constructor whose signature cannot be read
+        return f"the signature of {type(opt).__name__}'s constructor cannot be read: {exc}"
     if not groups:
-        return True  # nothing to ask: torch checks the parameters added later at its step
+        return None  # nothing to ask: torch checks the parameters added later at its step
     try:
         twin = cls(groups, **kwargs)
         step = _unhooked_step(twin)
@@ -103,30 +112,33 @@ def _accepted(opt: Any) -> bool:
         _set_fused(twin, True)
         host_steps(twin)
         step()
-    except Exception:  # noqa: BLE001 - what the step raises on opt: torch's "no"
-        return False
-    return True
+    except Exception as exc:  # noqa: BLE001 - what the step raises on opt: torch's "no"
+        return f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+    return None
 
 
-def _twin_args(opt: Any, *, fused: bool = False) -> Tuple[type, Dict[str, Any],
-                                                          List[Dict[str, Any]], Dict[int, Any]]:
+def _twin_args(opt: Any, *, fused: bool = False, groups: Optional[List[Dict[str, Any]]] = None,
+               defaults: Optional[Dict[str, Any]] = None) -> Tuple[
+                   type, Dict[str, Any], List[Dict[str, Any]], Dict[int, Any]]:
     """What a scratch twin of ``opt`` is built from: the torch.optim class its step runs
     (:func:`_torch_class`, whose constructor may take other arguments than a user's subclass),
     the options of ``opt.defaults`` that constructor takes, and for each of ``opt``'s groups its
     options (unknown keys too: ``add_param_group`` keeps them) with one 1-element zero parameter
     per (device, dtype) of its parameters; and those twin parameters, by id, whose (group,
     device, dtype) has state in ``opt``. ``fused``: the options and groups ask ``fused=True``
-    (``foreach`` off), as a constructor written that way does. Raises TypeError or ValueError
-    where the constructor's signature cannot be read."""
+    (``foreach`` off), as a constructor written that way does. ``groups`` and ``defaults`` stand
+    in for ``opt``'s own where given. Raises TypeError or ValueError where the constructor's
+    signature cannot be read."""
     import torch
 
     cls = _torch_class(type(opt))
     accepts = inspect.signature(cls.__init__).parameters
     any_kw = any(a.kind is inspect.Parameter.VAR_KEYWORD for a in accepts.values())
-    kwargs = {k: v for k, v in opt.defaults.items() if k != "params" and (any_kw or k in accepts)}
-    groups: List[Dict[str, Any]] = []
+    kwargs = {k: v for k, v in (opt.defaults if defaults is None else defaults).items()
+              if k != "params" and (any_kw or k in accepts)}
+    twin_groups: List[Dict[str, Any]] = []
     stateful: Dict[int, Any] = {}
-    for g in opt.param_groups:
+    for g in opt.param_groups if groups is None else groups:
         twins: Dict[Tuple[Any, Any], Any] = {}
         for p in g["params"]:
             key = (p.device, p.dtype)
@@ -135,14 +147,14 @@ def _twin_args(opt: Any, *, fused: bool = False) -> Tuple[type, Dict[str, Any],
             if opt.state.get(p):
                 stateful[id(twins[key])] = twins[key]
         if twins:
-            groups.append({**{k: v for k, v in g.items() if k != "params"},
-                           "params": list(twins.values())})
+            twin_groups.append({**{k: v for k, v in g.items() if k != "params"},
+                                "params": list(twins.values())})
     if fused:
-        for options in (kwargs, *groups):
+        for options in (kwargs, *twin_groups):
             options["fused"] = True
             if options.get("foreach"):  # (the two cannot both be True)
                 options["foreach"] = False
-    return cls, kwargs, groups, stateful
+    return cls, kwargs, twin_groups, stateful
 
 
 def _unhooked_step(opt: Any) -> Callable[[], Any]:
@@ -183,4 +195,4 @@ def apply(opt: Any) -> Optional[Switch]:
     want = switches.technique("fused", current)
     if bool(want) == bool(current) or not _valid(opt, bool(want)):
         return None
-    return Switch(opt, bool(want), _set_fused)
+    return Switch(opt, bool(want), _set_fused, _refusal)
