@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import trainkit as tk
+from tests.conftest import scalars
+from tests.techniques._dynamo import fresh_dynamo  # noqa: F401 - a fresh dynamo per test
 from trainkit.patch import optimizer_patch
 
 
@@ -48,3 +50,45 @@ def test_asking_again_with_the_same_options_returns_it_with_others_raises() -> N
     tk.unpatch(opt)
     tk.compiled_step(opt, mode="max-autotune-no-cudagraphs")  # the fix the message names
     assert optimizer_patch(opt).core.trainkit_compiled.mode == "max-autotune-no-cudagraphs"
+
+
+class Wrapping(torch.optim.Optimizer):
+    """accelerate's ``AcceleratedOptimizer`` as trainkit._wrapped recognises it (a
+    ``gradient_state``, the inner optimizer's own ``param_groups``), stepping the optimizer it
+    wraps at every ``every``-th call only, as under accelerate's gradient accumulation."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, every: int) -> None:
+        self.optimizer, self.gradient_state, self.every, self.calls = optimizer, None, every, 0
+
+    param_groups = property(lambda self: self.optimizer.param_groups)
+    state = property(lambda self: self.optimizer.state)
+    defaults = property(lambda self: self.optimizer.defaults)
+
+    def step(self, closure=None):
+        self.calls += 1
+        if self.calls % self.every == 0:
+            self.optimizer.step(closure)
+
+
+def test_a_wrapped_optimizer_compiles_the_one_it_wraps_as_tk_patch_does(tmp_path) -> None:
+    """Before the fix ``tk.compiled_step(wrapper)`` patched and compiled the wrapper, where
+    ``tk.patch(wrapper)`` patches the optimizer inside: each of its calls counted as a step
+    (each micro-batch), and a later ``tk.patch(wrapper)`` patched the inner one besides."""
+    inner = _opt()
+    wrapped = Wrapping(inner, every=2)
+    assert tk.compiled_step(wrapped) is wrapped
+    assert optimizer_patch(wrapped) is None and optimizer_patch(inner).compiled
+    compiled = optimizer_patch(inner).core.trainkit_compiled
+    assert tk.compiled_step(wrapped) is wrapped and tk.patch(wrapped, compile=True) is wrapped
+    assert optimizer_patch(wrapped) is None
+    assert optimizer_patch(inner).core.trainkit_compiled is compiled
+    with pytest.raises(ValueError, match=r"compiled already, with mode=None"):
+        tk.compiled_step(wrapped, mode="max-autotune-no-cudagraphs")
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        for _ in range(4):  # two micro-batches a step: two real steps
+            inner.param_groups[0]["params"][0].grad = torch.ones(2)
+            wrapped.step()
+    assert [st for st, _ in scalars(tmp_path)["trainkit/update_ms"]] == [1, 2]
+    assert float(inner.param_groups[0]["params"][0][0].detach()) == pytest.approx(-0.2)
+    tk.unpatch(wrapped)
+    assert optimizer_patch(inner) is None and "step" not in inner.__dict__

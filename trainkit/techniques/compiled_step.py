@@ -29,6 +29,7 @@ from ..session import active as _active_session  # the module name is rebound by
 from .._text import brief, user_stacklevel
 from .._optcalls import gone, rebind, unbind, uncounted
 from ..recorder import COMPILE_RECOMPILES, COMPILE_SECONDS
+from ._compiled_optimizer import compile_optimizer
 from ._hyper import HyperTensors, Saved, last_lr_floats
 from ._step_optimizers import referenced_optimizers, referenced_schedulers
 from ._state_keeper import keep_state_tensors, release_state_tensors
@@ -327,7 +328,8 @@ def compiled_step(target: Any = None, *, mode: Optional[Mode] = None,
     Three forms: ``@tk.compiled_step`` or ``@tk.compiled_step(mode=..., fullgraph=...)`` on a
     function that steps the optimizer(s) it names (globals, closure cells or default
     arguments); and ``tk.compiled_step(optimizer)``, which compiles that optimizer's own step in
-    place (the same as ``tk.patch(optimizer, compile=True)``) and returns the optimizer; asked
+    place (the same as ``tk.patch(optimizer, compile=True)``: of accelerate's wrapper, the
+    optimizer it wraps, :mod:`._compiled_optimizer`) and returns the optimizer; asked
     again with the same options it returns it as it is, with other ``mode``/``fullgraph`` it
     raises ValueError (``tk.unpatch(optimizer)`` first to compile it again).
 
@@ -358,33 +360,11 @@ def compiled_step(target: Any = None, *, mode: Optional[Mode] = None,
     import torch
 
     _check_options(mode, fullgraph)
-    if isinstance(target, torch.optim.Optimizer):
-        from ..patch import _patch_optimizer, optimizer_patch
-
-        p = optimizer_patch(target)
-        if p is not None and p.compiled:
-            _check_same_options(target, getattr(p.core, "trainkit_compiled", None), mode, fullgraph)
-            return target
-        # Compiled before the patch changes anything, as tk.patch(opt, compile=True): a torch
-        # that cannot compile raises with the optimizer as it was.
-        return _patch_optimizer(target, compile=True, mode=mode, fullgraph=fullgraph)
+    if isinstance(target, torch.optim.Optimizer):  # (or accelerate's wrapper of one)
+        return compile_optimizer(target, mode, fullgraph)
     if target is None:
         return functools.partial(_decorate_checked, mode=mode, fullgraph=fullgraph)
     return _decorate_checked(target, mode=mode, fullgraph=fullgraph)
-
-
-def _check_same_options(opt: Any, compiled: Optional[_Compiled], mode: Optional[str],
-                        fullgraph: bool) -> None:
-    """Refuse other options for a step compiled already: it ran on with its old mode silently."""
-    if compiled is None or (compiled.mode or "default", compiled.fullgraph) \
-            == (mode or "default", fullgraph):  # (None: the compile technique is off)
-        return
-    again = "optimizer" + (f", mode={mode!r}" if mode else "")
-    again += ", fullgraph=True" if fullgraph else ""
-    raise ValueError(f"compiled_step({brief(opt)}, mode={mode!r}, fullgraph={fullgraph!r}): its "
-                     f"step is compiled already, with mode={compiled.mode!r}, fullgraph="
-                     f"{compiled.fullgraph!r}; to compile it with other options, undo it first: "
-                     f"tk.unpatch(optimizer); tk.compiled_step({again})")
 
 
 def _decorate_checked(fn: Any, *, mode: Optional[str], fullgraph: bool) -> Callable[..., Any]:
