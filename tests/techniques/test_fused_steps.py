@@ -9,7 +9,7 @@ still tells them apart when the default dtype is float64 (for-loop: float64; fus
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, List, Set, Tuple
+from typing import Any, Iterator, Set, Tuple
 
 import pytest
 import torch
@@ -18,6 +18,8 @@ import trainkit as tk
 from trainkit import switches
 from trainkit.techniques import fused
 from trainkit.techniques._fused_steps import hosted
+
+from ._tiny import tiny_model as _model, train as _train
 
 CLASSES = [torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad]
 
@@ -30,21 +32,6 @@ def float64() -> Iterator[None]:
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(old)
-
-
-def _model(device: str = "cpu") -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).to(device)
-
-
-def _train(opt: Any, model: torch.nn.Module, steps: int) -> List[torch.Tensor]:
-    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(1)).to(
-        next(model.parameters()).device)
-    for _ in range(steps):
-        model(x).pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad()
-    return [p.detach().clone() for p in model.parameters()]
 
 
 def _places(opt: Any) -> Set[Tuple[torch.dtype, str, float]]:

@@ -19,27 +19,14 @@ import trainkit as tk
 from trainkit import switches
 from trainkit.techniques import fused
 
+from ._tiny import tiny_model as _model, train as _train
+
 CLASSES = [torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad]
 
 
 def _cpu_fused() -> None:
     if "cpu" not in fused._supported_devices():
         pytest.skip("fused optimizer kernels on the CPU need torch >= 2.4")
-
-
-def _model(device: str = "cpu") -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).to(device)
-
-
-def _train(opt: Any, model: torch.nn.Module, steps: int = 3) -> List[torch.Tensor]:
-    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(1)).to(
-        next(model.parameters()).device)
-    for _ in range(steps):
-        model(x).pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad()
-    return [p.detach().clone() for p in model.parameters()]
 
 
 def _make(cls: type, model: torch.nn.Module) -> Any:
