@@ -5,8 +5,10 @@
 body: the loop trains through the call. A function whose backward or step sits inside a loop of
 its own (``def train(...): for x in loader: ...``) is a whole epoch, not a step: the epoch loop
 that calls it is not a training loop; so is one holding a batch loop that steps, with one more step
-after it for a short last window (TK112's fix). A call that switches the function's training off
-(``step(..., train=False)``, :mod:`trainkit.lint._switches`) is no step call. What the function's
+after it for a short last window (TK112's fix). A function that steps nothing and whose backwards
+only take an input's gradient (an attack: ``def fgsm(model, x, y):``, see
+:mod:`trainkit.lint._input_grads`) is no step function either. A call that switches the function's
+training off (``step(..., train=False)``, :mod:`trainkit.lint._switches`) is no step call. What the function's
 body runs at every step (TK301, TK302) is read through the call by :mod:`trainkit.lint._step_bodies`;
 TK1xx and TK2xx read it written at the call (:mod:`trainkit.lint._step_inline`).
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING, Dict, List, Union
 
+from trainkit.lint._input_grads import input_backwards_only
 from trainkit.lint._switches import switched_off
 
 if TYPE_CHECKING:
@@ -50,6 +53,19 @@ def is_batch_loop(ctx: "FileContext", loop: ast.AST) -> bool:
     return backward and step
 
 
+def _own_nodes(function: Function) -> List[ast.AST]:
+    """Every node of ``function``'s body, its loops included, but not its nested functions or classes."""
+    out: List[ast.AST] = []
+    stack: List[ast.AST] = list(function.body)
+    while stack:
+        current = stack.pop()
+        if isinstance(current, _SCOPES):
+            continue
+        out.append(current)
+        stack.extend(ast.iter_child_nodes(current))
+    return out
+
+
 def step_function_defs(ctx: "FileContext") -> Dict[str, List[Function]]:
     """The file's functions and methods whose own body, outside loops, runs backward or a step, by name.
 
@@ -62,16 +78,22 @@ def step_function_defs(ctx: "FileContext") -> Dict[str, List[Function]]:
             continue
         stack: List[ast.AST] = list(node.body)
         steps = epoch = False
+        backwards: List[ast.Call] = []
         while stack and not epoch:
             current = stack.pop()
             if isinstance(current, _LOOPS):
                 epoch = is_batch_loop(ctx, current)
             if isinstance(current, _SKIPPED):
                 continue
-            if isinstance(current, ast.Call) and (ctx.is_backward(current) or ctx.is_step(current)):
-                steps = True
+            if isinstance(current, ast.Call):
+                steps = steps or ctx.is_step(current)
+                if ctx.is_backward(current):
+                    backwards.append(current)
             stack.extend(ast.iter_child_nodes(current))
-        if steps and not epoch:
+        if epoch or not (steps or backwards):
+            continue
+        # `def fgsm(model, x, y): ...; loss.backward(); return x + eps * x.grad.sign()`: an attack, no step
+        if steps or not input_backwards_only(ctx, backwards, _own_nodes(node)):
             found.setdefault(node.name, []).append(node)
     return found
 

@@ -11,7 +11,9 @@ function, lambda or class bodies (a ``def closure():`` is only *called* by
 a nested loop that is itself a training loop (that one is analysed on its own,
 so an epoch loop around a batch loop reports each mistake once, at the batch
 loop). A function defined in a loop's body and called there, as timm's ``_backward(loss)``, is
-inlined at its calls first (:mod:`trainkit.lint._inline`).
+inlined at its calls first (:mod:`trainkit.lint._inline`). A loop that steps nothing and runs its
+backwards only for an input's gradient (an attack, a saliency map: :mod:`trainkit.lint._input_grads`)
+is no training loop.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from typing import Dict, FrozenSet, Iterator, List, Optional, Set, Tuple, Union
 from trainkit.lint._calls import calls_step_function, step_function_defs
 from trainkit.lint._conditions import Branching
 from trainkit.lint._inline import inline_loop_functions
+from trainkit.lint._input_grads import attack_loop
 from trainkit.lint._nodes import dotted, is_reciprocal, method_name, pos, receiver
 from trainkit.lint._switches import guarded_off, switches
 
@@ -297,12 +300,13 @@ class FileContext:
         if loop not in self._training:
             self._training[loop] = False  # guards against cycles; loops nest as a tree
             region = self._region(loop)
+            calls = [n for n in region if isinstance(n, ast.Call)]
             # a backward or step under `if model.training:` after `model.eval()` never runs there
-            self._training[loop] = any(
-                isinstance(n, ast.Call) and (((self.is_backward(n) or self.is_step(n)) and not guarded_off(self, loop, n))
-                                             or calls_step_function(self, n))
-                for n in region
-            )
+            steps = any((self.is_step(n) and not guarded_off(self, loop, n)) or calls_step_function(self, n)
+                        for n in calls)
+            backwards = [n for n in calls if self.is_backward(n) and not guarded_off(self, loop, n)]
+            # an attack or a saliency map: backwards for an input's gradient, and nothing steps
+            self._training[loop] = steps or (bool(backwards) and not attack_loop(self, loop, region, backwards))
         return self._training[loop]
 
     @cached_property
