@@ -267,10 +267,31 @@ def test_a_gan_s_two_calls_the_second_undivided() -> None:
     assert _pairs(src.replace("half_step(G, x, y)", "half_step(G, x, y, True)")) == [("TK110", 5)]
 
 
-def test_a_local_whose_name_the_loop_also_uses_is_not_read() -> None:
-    # the loop's `loss` is another variable than the function's: not read as one
+def test_a_local_whose_name_the_loop_also_uses_is_read_apart() -> None:
+    # the loop's `loss` is another variable than the function's (Python keeps a function's locals its
+    # own): the copy's `loss` is renamed, and the function's undivided backward is read
     src = ACCUMULATE.replace("    train_step(x, y)\n", "    train_step(x, y)\n    print(loss)\n")
-    assert src != ACCUMULATE and _pairs(src) == []
-    # the call's own target is the function's result: read
+    assert src != ACCUMULATE and _pairs(src) == [("TK102", 4), ("TK112", 10)]
+    (found,) = lint_source(textwrap.dedent(src), select="TK102")
+    assert "`loss` is never divided" in found.message and "\u2032" not in found.message + found.fix
+    # the call's own target is the function's result: read, not renamed
     assigned = ACCUMULATE.replace("    train_step(x, y)\n", "    loss = train_step(x, y)\n    print(loss)\n")
     assert _pairs(assigned) == [("TK102", 4), ("TK112", 10)]
+
+
+def test_the_loop_s_own_division_does_not_count_for_the_function_s_local() -> None:
+    # the loop divides its own `loss` (an auxiliary loss); the function's is still undivided
+    src = ACCUMULATE.replace("    train_step(x, y)\n",
+                             "    train_step(x, y)\n    loss = aux(model, x) / 4\n    loss.backward()\n")
+    assert src != ACCUMULATE and _pairs(src) == [("TK102", 4), ("TK112", 11)]
+    # both divided: nothing but the short last window
+    divided = src.replace("    loss = crit(model(x), y)\n", "    loss = crit(model(x), y) / 4\n")
+    assert _pairs(divided) == [("TK112", 11)]
+
+
+def test_the_function_s_division_does_not_count_for_the_loop_s_loss() -> None:
+    # near miss: the function divides its local `loss`, the loop's own `loss` is undivided; read as
+    # one variable, the function's division would hide the loop's mistake
+    src = ACCUMULATE.replace("    loss = crit(model(x), y)\n", "    loss = crit(model(x), y) / 4\n").replace(
+        "    train_step(x, y)\n", "    train_step(x, y)\n    loss = aux(model, x)\n    loss.backward()\n")
+    assert _pairs(src) == [("TK102", 10), ("TK112", 11)]

@@ -22,13 +22,13 @@ Only what :mod:`trainkit.lint._step_bodies` reads through a call, and only the p
   (no ``*args``, ``**kwargs``, keyword-only ones), no ``yield``, ``await``, ``global``/``nonlocal``,
   no ``return`` but a last one, no training loop of its own (a micro-batch loop is read on its own;
   a batch loop makes it a whole epoch), and no parameter it rebinds given an expression;
-* the names the function binds (its locals) are used nowhere else in the loop's iteration (but as
-  the call's own target: ``loss = train_step(x)`` with a local ``loss``). A local that an earlier
-  call's copy binds too gets a fresh name in the later copy: a GAN's ``d_loss = step(D, ...)`` and
-  ``g_loss = step(G, ...)``, or accelerate's tests calling ``step_model`` for two models, one
-  dividing its loss, each read with its own ``loss`` (one ``loss`` for both would let the first's
-  division count for the second's backward). The mark of the fresh name is taken out of messages
-  (:func:`plain`).
+* the names the function binds (its locals) are its own: a local that the loop's iteration uses
+  too (``print(loss)`` in the loop, a function's local ``loss``; the call's own target aside:
+  ``loss = train_step(x)`` is the function's ``return loss``), or that an earlier call's copy binds
+  too, gets a fresh name in the copy: a GAN's ``d_loss = step(D, ...)`` and ``g_loss = step(G,
+  ...)``, or accelerate's tests calling ``step_model`` for two models, one dividing its loss, each
+  read with its own ``loss`` (one ``loss`` for both would let the first's division count for the
+  second's backward). The mark of the fresh name is taken out of messages (:func:`plain`).
 
 One level: the calls inside the copied body are not followed.
 """
@@ -123,9 +123,11 @@ def plain(text: str) -> str:
 
 
 def _apart(loop: TrainingLoop, found: List[_Site]) -> List[_Site]:
-    """The sites whose function's locals share no name with the loop (the call's own target aside);
-    a local that an earlier site's copy binds too is renamed in this one (``loss`` to ``loss′``):
-    written into one iteration, two ``loss`` would be one."""
+    """The sites, each copy's locals kept apart from the loop's names and from an earlier copy's: a
+    local that the loop uses too (the call's own target aside) or that an earlier site's copy binds
+    is renamed in this one (``loss`` to ``loss′``). Written into one iteration, the function's
+    ``loss`` and the loop's ``print(loss)`` (or a second copy's ``loss``) would be one variable;
+    Python keeps them apart, the function's locals being its own."""
     names = {n.id for n in loop.region if isinstance(n, ast.Name)}
     names |= {n.id for n in ast.walk(getattr(loop.node, "target", loop.node)) if isinstance(n, ast.Name)}
     taken: Set[str] = set()
@@ -133,10 +135,8 @@ def _apart(loop: TrainingLoop, found: List[_Site]) -> List[_Site]:
     for stmt, function, bound, origin in found:
         targets = {n.id for t in getattr(stmt, "targets", []) for n in ast.walk(t) if isinstance(n, ast.Name)}
         mine = _locals(function)
-        if mine & (names - targets):
-            continue  # the loop's own `loss` is another variable than the function's
         bound = dict(bound)
-        for name in sorted(mine & taken):
+        for name in sorted(mine & (taken | (names - targets))):
             fresh = name + _FRESH
             while fresh in taken:
                 fresh += _FRESH
