@@ -13,6 +13,10 @@ its findings), so anything in doubt is unknown (None):
   method call on what holds it, ``self.validate()`` for ``self.model``, but of a function of the
   file that makes no mode call and passes none of its parameters on; all also inside branches:
   ``if args.eval: model.eval()``) leaves it unknown;
+* a plain alias is the same module (:func:`_aliases`): ``net = model; net.eval()``, or ``model =
+  self.model; model.eval()``, a statement of its own in the loop's block or one around it, before
+  the loop, the plain name bound nowhere else in the function and the model not bound again before
+  the loop; the search reads a statement on the alias as one on the model;
 * nothing in the loop itself may change it (``model.train()`` at the end of the body runs before
   the next batch), nor anything in a loop around it that the search passes on its way up;
 * a loop inside ``with torch.no_grad():`` or ``torch.inference_mode():`` (in the same function)
@@ -166,7 +170,8 @@ def mode_before(ctx: "FileContext", loop: ast.AST, name: str) -> Optional[bool]:
 
 
 def _mode_before(ctx: "FileContext", loop: ast.AST, name: str) -> Optional[bool]:
-    if may_change(ctx, loop, name):
+    names, skip = _aliases(ctx, loop, name)
+    if any(may_change(ctx, loop, n) for n in names):
         return None  # toggled inside the loop
     found: Optional[bool] = None
     no_grad = False
@@ -175,8 +180,9 @@ def _mode_before(ctx: "FileContext", loop: ast.AST, name: str) -> Optional[bool]
         if isinstance(parent, (ast.With, ast.AsyncWith)) and any(_grad_off(i) for i in parent.items):
             no_grad = True
         if found is None:
-            found = _before(ctx, parent, child, name)
-            if found is None and isinstance(parent, (_LOOPS + (ast.Try, ast.ExceptHandler))) and may_change(ctx, parent, name):
+            found = _before(ctx, parent, child, names, skip)
+            if found is None and isinstance(parent, (_LOOPS + (ast.Try, ast.ExceptHandler))) and any(
+                    may_change(ctx, parent, n) for n in names):
                 found = _UNKNOWN  # the loop around re-runs, or a handler after its try body: in doubt
         if isinstance(parent, _SCOPES):
             break
@@ -189,17 +195,93 @@ def _mode_before(ctx: "FileContext", loop: ast.AST, name: str) -> Optional[bool]
 _UNKNOWN = object()
 
 
-def _before(ctx: "FileContext", parent: ast.AST, child: ast.AST, name: str) -> Optional[object]:
-    """The mode the nearest statement before ``child`` in ``parent``'s block sets, ``_UNKNOWN``
-    when one may change it in another way, None when none touches it."""
+def _before(ctx: "FileContext", parent: ast.AST, child: ast.AST, names: List[str],
+            skip: List[ast.stmt]) -> Optional[object]:
+    """The mode the nearest statement before ``child`` in ``parent``'s block sets on one of ``names``
+    (the model and its aliases), ``_UNKNOWN`` when one may change it in another way, None when none
+    touches it. The statements binding the aliases (``skip``) leave the module as it was."""
     for field in ("body", "orelse", "finalbody"):
         block = getattr(parent, field, None)
         if not isinstance(block, list) or not any(child is s for s in block):
             continue
         for stmt in reversed(block[:block.index(child)]):  # type: ignore[arg-type]
-            toggle = _toggle(stmt, name)
+            if any(stmt is s for s in skip):
+                continue
+            toggle = next((t for t in (_toggle(stmt, n) for n in names) if t is not None), None)
             if toggle is not None:
                 return toggle
-            if may_change(ctx, stmt, name):
+            if any(may_change(ctx, stmt, n) for n in names):
                 return _UNKNOWN
     return None
+
+
+def _stores(scope: ast.AST) -> List[ast.AST]:
+    """What ``scope``'s own body binds (outside nested scopes): stored names and attributes, the
+    ``def``/``class``, import and ``global`` statements, and the function's parameters."""
+    out: List[ast.AST] = []
+    args = getattr(scope, "args", None)
+    if isinstance(args, ast.arguments):
+        out.extend(args.posonlyargs + args.args + args.kwonlyargs + [a for a in (args.vararg, args.kwarg) if a])
+    stack: List[ast.AST] = list(getattr(scope, "body", []))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal)) or isinstance(node, _SCOPES):
+            out.append(node)
+            continue
+        if isinstance(node, (ast.Name, ast.Attribute)) and not isinstance(node.ctx, ast.Load):
+            out.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _binds(node: ast.AST, name: str) -> bool:
+    """Whether ``node`` (one of :func:`_stores`) binds the dotted ``name`` or what holds it
+    (``self.model = ...`` or ``self = ...`` for ``self.model``; not ``self.model.head = ...``)."""
+    head = name.split(".")[0]
+    if isinstance(node, ast.arg):
+        return node.arg == head
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        text = dotted(node)
+        return text is not None and (text == name or name.startswith(text + "."))
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return any((a.asname or a.name).split(".")[0] == head for a in node.names)
+    if isinstance(node, (ast.Global, ast.Nonlocal)):
+        return head in node.names
+    return getattr(node, "name", None) == head  # a `def` or `class`
+
+
+def _aliases(ctx: "FileContext", loop: ast.AST, name: str) -> Tuple[List[str], List[ast.stmt]]:
+    """``name`` and the plain aliases of it the loop sees, with the statements binding them.
+
+    An alias is ``net = model`` (``net`` a plain name, ``model`` the dotted ``name``), or ``model =
+    net`` when ``name`` is the plain ``model``: a statement of its own in the loop's block or one
+    around it, in the same function, before the loop; the plain name bound nowhere else in the
+    function, the other side not bound between that statement and the loop. Anything else (bound
+    twice or in a branch, the model rebound after it) is no alias, and the mode stays unknown.
+    """
+    scope = next((p for p in ctx.ancestors(loop) if isinstance(p, _SCOPES)), None)
+    if scope is None:
+        return [name], []
+    chain = {id(p) for p in ctx.ancestors(loop)}
+    stores = _stores(scope)
+    start = (loop.lineno, loop.col_offset)  # type: ignore[attr-defined]
+    names, skip = [name], []
+    for stmt in ast.walk(scope):
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+                and id(ctx.parents.get(stmt)) in chain and (stmt.lineno, stmt.col_offset) < start):
+            continue
+        alias, value = stmt.targets[0].id, dotted(stmt.value)
+        if value is None or not isinstance(stmt.value, (ast.Name, ast.Attribute)):
+            continue
+        other = value if alias == name else alias if value == name else None
+        if other is None or other == name:
+            continue
+        if sum(_binds(n, alias) for n in stores) != 1:
+            continue  # the plain name bound more than once (a parameter, a second assignment, a `for`)
+        here = (stmt.lineno, stmt.col_offset)
+        if any(_binds(n, value) and here < (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)) < start
+               for n in stores):
+            continue  # the model rebound after the alias: they are two modules
+        names.append(other)
+        skip.append(stmt)
+    return names, skip
