@@ -302,10 +302,36 @@ static void rd_free(Reader *r) {
     PyMem_Free(r->prev);
 }
 
+/* Whether the error set is protobuf's DecodeError (a payload that is no Event), cleared if so;
+   any other stays set. Looked up only then: a corrupt file is rare. */
+static int rd_refused(void) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *mod = PyImport_ImportModule("google.protobuf.message");
+    PyObject *decode = mod ? PyObject_GetAttrString(mod, "DecodeError") : NULL;
+    Py_XDECREF(mod);
+    if (!decode) { /* the import's error dropped: the first one is what to raise */
+        PyErr_Clear();
+        PyErr_Restore(type, value, tb);
+        return 0;
+    }
+    int is = type && PyErr_GivenExceptionMatches(type, decode);
+    Py_DECREF(decode);
+    if (is) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return 1;
+    }
+    PyErr_Restore(type, value, tb);
+    return 0;
+}
+
 /* ScalarsParse.take(data): eventfiles.scan's framing (a record's payload length, 8 bytes; that
    length's masked CRC32C, 4; the payload; its masked CRC32C, 4), each payload parsed as it
    comes. Returns where the first incomplete record begins, or -1 - pos at a wrong CRC in the
-   record beginning at pos (eventfiles.Damage says where a file is corrupt). */
+   record beginning at pos, or at its payload that protobuf refuses (consume's DecodeError, the
+   records before it kept): eventfiles.Damage says where a file is corrupt. */
 static PyObject *take_scalars(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *parse;
     Py_buffer view;
@@ -342,7 +368,11 @@ static PyObject *take_scalars(PyObject *Py_UNUSED(self), PyObject *args) {
         int rc = rd_event(&r, payload, payload + length);
         if (rc == 0) rc = rd_python(&r, payload, (size_t)length);
         else if (rc > 0 && r.full) rc = rd_flush(&r);
-        if (rc < 0) goto done;
+        if (rc < 0) {
+            if (!rd_refused()) goto done;
+            got = -1 - (Py_ssize_t)pos; /* rd_python flushed the points before it */
+            break;
+        }
         pos = start + (size_t)length + 4;
     }
     if (rd_flush(&r) == 0) {

@@ -1,7 +1,9 @@
 """A corrupt event file (a record whose CRC is wrong, more data after it) is TA112, naming the
 file, the byte where it is corrupt and how many records were read before it; it was read up to
 there with no word, and where nothing came before it, TA110 asked "is the optimizer patched?".
-A record cut short at the end of the file is a run still being written: nothing is said.
+A record whose CRC is right but whose payload protobuf refuses as an ``Event`` is TA112 too (the
+reading stopped there in silence). A record cut short at the end of the file is a run still being
+written: nothing is said.
 
 Both readers (trainkit._speedups' C and ``TRAINKIT_PURE_PYTHON=1``'s Python) say the same.
 """
@@ -22,6 +24,7 @@ from trainkit.profiling import eventfiles
 from trainkit.profiling.analyze import analyze_run
 from trainkit.profiling.reader import EventReader
 from trainkit.profiling.runs import EVENTS_MARK
+from trainkit.sinks.tensorboard import masked_crc32c
 
 from .conftest import train
 
@@ -51,10 +54,27 @@ def _offsets(path: str) -> List[int]:
     return out
 
 
+#: a payload protobuf refuses as an Event: a summary (field 5) said 50 bytes long, holding one
+REFUSED = b"\x2a\x32\x0a"
+
+
+def _framed(payload: bytes) -> bytes:
+    """``payload`` as a record whose CRCs are right."""
+    head = struct.pack("<Q", len(payload))
+    return (head + struct.pack("<I", masked_crc32c(head)) + payload
+            + struct.pack("<I", masked_crc32c(payload)))
+
+
+#: what TA112's evidence says of each damage
+WHY = {"payload": "checksum (CRC) is wrong", "header": "checksum (CRC) is wrong",
+       "torn": "checksum (CRC) is wrong", "refused": "protobuf refuses it"}
+
+
 def _damaged(good: str, tmp_path, record: int, how: str = "payload") -> Tuple[str, str, int]:
     """A copy of the run with its ``record``-th record damaged: a payload byte flipped, a header
-    byte flipped, or half its payload gone (a record torn in the middle). Returns the folder,
-    its event file and where the record begins."""
+    byte flipped, half its payload gone (a record torn in the middle), or its payload replaced
+    by one that is no ``Event``, its CRCs right ("refused"). Returns the folder, its event file
+    and where the record begins."""
     folder = str(tmp_path / "run")
     shutil.copytree(good, folder)
     path = _file(folder)
@@ -65,6 +85,8 @@ def _damaged(good: str, tmp_path, record: int, how: str = "payload") -> Tuple[st
         data[at + 14] ^= 0xFF
     elif how == "header":
         data[at] ^= 0x01
+    elif how == "refused":
+        data[at:_offsets(path)[record + 1]] = _framed(REFUSED)
     else:
         del data[at + 14:at + 20]
     with open(path, "wb") as fh:
@@ -81,21 +103,23 @@ def reader_kind(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("how", ["payload", "header", "torn"])
+@pytest.mark.parametrize("how", ["payload", "header", "torn", "refused"])
 def test_nothing_before_the_damage_is_ta112_not_ta110(good, tmp_path, reader_kind, how):
     folder, path, at = _damaged(good, tmp_path, 2, how)  # after the versions text
     found = tk.analyze(folder)
     assert [f.code for f in found] == ["TA112"], found
     f = found[0]
     assert path in f.evidence and f"byte {at:,}" in f.evidence, f.evidence
+    assert WHY[how] in f.evidence, f.evidence
     assert "the 2 records before it were read" in f.evidence
     assert "no step could be analyzed" in f.evidence and f.severity == "high"
     assert "crash" in f.fix and "lost" in f.fix
     assert "patched" not in f.evidence + f.fix
 
 
-def test_damage_in_the_middle_says_what_was_read(good, tmp_path, reader_kind):
-    folder, path, at = _damaged(good, tmp_path, 15)
+@pytest.mark.parametrize("how", ["payload", "refused"])
+def test_damage_in_the_middle_says_what_was_read(good, tmp_path, reader_kind, how):
+    folder, path, at = _damaged(good, tmp_path, 15, how)
     found = tk.analyze(folder)
     (f,) = [f for f in found if f.code == "TA112"]
     assert f"byte {at:,} of {os.path.getsize(path):,}" in f.evidence
@@ -112,9 +136,11 @@ def test_a_torn_last_record_is_a_run_being_written(good, tmp_path, reader_kind):
     assert not [f for f in tk.analyze(folder) if f.code == "TA112"]
 
 
-def test_the_tab_reader_finds_the_damage_as_a_file_grows(good, tmp_path, reader_kind):
+@pytest.mark.parametrize("how", ["payload", "refused"])
+def test_the_tab_reader_finds_the_damage_as_a_file_grows(good, tmp_path, reader_kind, how):
     """The tab's reader reads a live run's appended bytes only: a corrupt record appended, then
-    more records, is TA112 at the same byte, and stays so at later reads."""
+    more records, is TA112 at the same byte, and stays so at later reads (the file is not read
+    again)."""
     folder = str(tmp_path / "run")
     os.mkdir(folder)
     src = _file(good)
@@ -128,19 +154,26 @@ def test_the_tab_reader_finds_the_damage_as_a_file_grows(good, tmp_path, reader_
     first = analyze_run(folder, folder, reader=reader)
     assert not [f for f in first.findings if f.code == "TA112"]
     bad = bytearray(data[cut:])
-    bad[14] ^= 0xFF
+    if how == "refused":
+        bad[:_offsets(src)[21] - cut] = _framed(REFUSED)
+    else:
+        bad[14] ^= 0xFF
     with open(path, "ab") as fh:
         fh.write(bytes(bad))
+    parsed = reader.parsed_bytes
     for _ in range(2):
         (f,) = [f for f in analyze_run(folder, folder, reader=reader).findings
                 if f.code == "TA112"]
         assert f"byte {cut:,}" in f.evidence and "the 20 records before it" in f.evidence
+        assert WHY[how] in f.evidence
+    assert reader.parsed_bytes == parsed  # the records before it were in the first read
 
 
-def test_cursor_says_where_alike_in_c_and_python(good, tmp_path, monkeypatch):
+@pytest.mark.parametrize("how", ["payload", "refused"])
+def test_cursor_says_where_alike_in_c_and_python(good, tmp_path, monkeypatch, how):
     if recorder._fast is None:
         pytest.skip("trainkit._speedups is not built here")
-    folder, path, at = _damaged(good, tmp_path, 17)
+    folder, path, at = _damaged(good, tmp_path, 17, how)
     got = []
     for fast in (recorder._fast, None):
         for chunk in (50, 700, 1 << 22):
@@ -151,16 +184,20 @@ def test_cursor_says_where_alike_in_c_and_python(good, tmp_path, monkeypatch):
 
             read_scalars(folder, meta={}, damaged=damaged)
             got.append(damaged)
+    refused = how == "refused"
     assert all(g == [eventfiles.Damage(path=path, offset=at, records=17,
-                                       size=os.path.getsize(path))] for g in got), got
+                                       size=os.path.getsize(path), refused=refused)]
+               for g in got), got
 
 
+@pytest.mark.parametrize("how", ["payload", "refused"])
 @pytest.mark.parametrize("pure", ["0", "1"])
-def test_trainkit_analyze_names_the_corrupt_file(good, tmp_path, pure):
-    folder, path, at = _damaged(good, tmp_path, 2)
+def test_trainkit_analyze_names_the_corrupt_file(good, tmp_path, pure, how):
+    folder, path, at = _damaged(good, tmp_path, 2, how)
     env = dict(os.environ, TRAINKIT_PURE_PYTHON=pure, PYTHONPATH=ROOT)
     done = subprocess.run([sys.executable, "-m", "trainkit", "analyze", folder], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr
     assert "TA112" in done.stdout and path in done.stdout and f"byte {at:,}" in done.stdout
     assert "TA110" not in done.stdout and "patched" not in done.stdout
+    assert WHY[how] in " ".join(done.stdout.split())

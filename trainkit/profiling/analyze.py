@@ -240,17 +240,19 @@ def _no_step_in_traces(run: Run) -> Finding:
 
 
 def _corrupt(run: Run, damage: Damage, steps: int) -> Finding:
-    """TA112 for an event file read up to a record whose CRC is wrong (more data after it lost)."""
+    """TA112 for an event file read up to a record whose CRC is wrong, or whose payload protobuf
+    refuses as an ``Event`` (more data after it lost)."""
     lost = damage.size - damage.offset
+    what = ("a record there, its checksum right, holds no TensorBoard event: protobuf refuses it"
+            if damage.refused else "a record's checksum (CRC) is wrong there")
     read = ("only the file's first record (its version) before it was read"
             if damage.records <= 1 else f"the {damage.records:,} records before it were read")
     analyzed = (f"; the analysis covers the {steps:,} step(s) read" if steps
                 else ", so no step could be analyzed")
     return Finding(
         code="TA112", title="corrupt event file",
-        evidence=f"{damage.path!r} is corrupt at byte {damage.offset:,} of {damage.size:,}: a "
-                 f"record's checksum (CRC) is wrong there; {read}, and the {lost:,} bytes from "
-                 f"there on are not{analyzed}",
+        evidence=f"{damage.path!r} is corrupt at byte {damage.offset:,} of {damage.size:,}: "
+                 f"{what}; {read}, and the {lost:,} bytes from there on are not{analyzed}",
         share=None, count=1,
         fix="the run was cut by a crash or the file was damaged (a full disk, a copy cut short): "
             "the records from that byte on are lost and cannot be read back; run again for a "

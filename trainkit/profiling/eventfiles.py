@@ -2,10 +2,10 @@
 
 Each record is its payload's length (8 bytes), that length's masked CRC32C (4), the payload (an
 ``Event`` protobuf) and its masked CRC32C (4). A file being written ends in a record not complete
-yet, and a torn or corrupt one in a record whose CRC is wrong: reading stops there, as
-TensorBoard's reader does, and what comes before is kept. The first is a run still being written
-and says nothing; the second lost what follows, and :class:`Damage` says where (the analysis
-reports it: TA112). A long run's file is hundreds of megabytes, so it is read in chunks, not whole.
+yet, and a torn or corrupt one in a record whose CRC is wrong (or whose payload, its CRC right,
+protobuf refuses as an ``Event``): reading stops there, as TensorBoard's reader does, and what
+comes before is kept. The first is a run still being written and says nothing; the second lost
+what follows, and :class:`Damage` says where (the analysis reports it: TA112). A long run's file is hundreds of megabytes, so it is read in chunks, not whole.
 """
 from __future__ import annotations
 
@@ -40,8 +40,9 @@ class Cursor:
 @dataclasses.dataclass(frozen=True)
 class Damage:
     """A corrupt event file: a record whose CRC is wrong (a crash that cut the run, a damaged
-    file); it and the bytes after it are not read. A record cut short at the end of the file is
-    no damage: that is a run still being written.
+    file), or whose payload protobuf refuses as an ``Event`` (its CRC right: the bytes were
+    written so); it and the bytes after it are not read. A record cut short at the end of the
+    file is no damage: that is a run still being written.
 
     Example::
 
@@ -56,6 +57,8 @@ class Damage:
     records: int
     #: the file's size when read: ``size - offset`` bytes are lost
     size: int
+    #: the record's CRCs are right, its payload is no ``Event`` (protobuf refuses it)
+    refused: bool = False
 
 
 def damage_of(path: str, cursor: Cursor) -> Optional[Damage]:
@@ -67,9 +70,27 @@ def damage_of(path: str, cursor: Cursor) -> Optional[Damage]:
     try:
         size = os.path.getsize(path)
         records = records_before(path, cursor.broken_at)
+        refused = _crcs_right(path, cursor.broken_at)
     except OSError:  # gone meanwhile
         return None
-    return Damage(path=path, offset=cursor.broken_at, records=records, size=size)
+    return Damage(path=path, offset=cursor.broken_at, records=records, size=size,
+                  refused=refused)
+
+
+def _crcs_right(path: str, offset: int) -> bool:
+    """Whether the record at ``offset`` of ``path`` is whole and its CRCs right: then what
+    stopped the reading there was its payload, which protobuf refused."""
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        head = fh.read(_HEADER.size)
+        if len(head) < _HEADER.size:
+            return False
+        length, head_crc = _HEADER.unpack(head)
+        if masked_crc32c(head[:8]) != head_crc:
+            return False
+        payload = fh.read(length + _CRC.size)
+    return len(payload) == length + _CRC.size and \
+        masked_crc32c(payload[:length]) == _CRC.unpack_from(payload, length)[0]
 
 
 def records_before(path: str, offset: int) -> int:
@@ -116,7 +137,8 @@ def chunks_taken(path: str, take: Callable[[bytes], int],
     ``cursor`` on once resumed (the chunk's records used: :func:`event_records` hands them out
     first). ``take(data)`` deals with the complete records at the start of ``data`` and returns
     where the first incomplete one begins (the end of ``data`` where none is), or ``-1 - pos`` at
-    a wrong CRC in the record beginning at ``pos``: reading stops there, and ``cursor.broken`` is
+    a wrong CRC (or a payload that is no ``Event``, where ``take`` parses them) in the record
+    beginning at ``pos``: reading stops there, and ``cursor.broken`` is
     set, ``cursor.broken_at`` to that record's offset in the file (``cursor.offset`` stays where
     the chunk began). :func:`scan` is the framing; ``ScalarsParse.take`` parses the records too.
     """

@@ -184,20 +184,22 @@ class ScalarsParse:
         """Parse the complete records at the start of ``data``, a chunk of an event file
         (:func:`.eventfiles.chunks_taken` hands them out): :func:`.eventfiles.scan`'s framing,
         then :meth:`consume`. Returns where the first incomplete record begins (the end of
-        ``data`` where none is), or ``-1 - pos`` at a wrong CRC in the record beginning at ``pos``
-        (the records before it parsed).
+        ``data`` where none is), or ``-1 - pos`` at a wrong CRC in the record beginning at ``pos``,
+        or at a payload there that protobuf refuses as an ``Event`` (the records before it
+        parsed): a corrupt file, said where (:class:`.eventfiles.Damage`), not a silent stop.
 
         ``trainkit._speedups.take_scalars(parse, data)`` does the same in C (the records'
         scalars decoded by hand, each payload it does not fully understand parsed here by
         :meth:`consume`, in order): what :func:`.runs.parse_file` uses where it is built.
-
-        Raises:
-            google.protobuf.message.DecodeError: a payload is no ``Event``; those before it are
-                kept.
         """
+        from google.protobuf.message import DecodeError
+
         got: List[bytes] = []
         pos = scan(data, got)
-        self.consume(got)
+        try:
+            self.consume(got)
+        except DecodeError:
+            return -1 - _refused_at(got)
         return pos
 
     def _join(self) -> None:
@@ -211,3 +213,21 @@ class ScalarsParse:
         """``tag -> points`` of the tags holding any."""
         self._join()
         return {tag: points for tag, points in self.points.items() if points}
+
+
+def _refused_at(payloads: List[bytes]) -> int:
+    """Where the first of ``payloads`` (a chunk's records, from its start) that protobuf refuses
+    as an ``Event`` begins: :meth:`ScalarsParse.consume` stopped there (each payload is parsed
+    alone). Found once the consume failed: a corrupt file is rare."""
+    from google.protobuf.message import DecodeError
+    from tensorboard.compat.proto import event_pb2
+
+    pos = 0
+    for payload in payloads:
+        try:
+            event_pb2.Event.FromString(payload)
+        except DecodeError:
+            return pos
+        pos += 16 + len(payload)  # the framing: length, its CRC; the payload; its CRC
+    raise AssertionError("consume refused a payload that parses alone")
+

@@ -245,11 +245,9 @@ def read_scalars(folder: str, names: Optional[List[str]] = None, *,
 def parse_file(path: str, parse: ScalarsParse, cursor: Optional[Cursor] = None) -> bool:
     """Parse the event file ``path``'s records into ``parse`` (from ``cursor.offset``, moved on
     past what was read, where given). Returns False where the file holds no more to read, now
-    or later: a payload that is no ``Event`` (not an event file) or a record whose CRC is wrong;
-    what came before is kept. A file gone meanwhile gives what was read.
+    or later: a record whose CRC is wrong or whose payload is no ``Event`` (``cursor.broken_at``
+    says where); what came before is kept. A file gone meanwhile gives what was read.
     """
-    from google.protobuf.message import DecodeError
-
     fast = _recorder._fast  # C: the framing and the plain scalars (trainkit/_speedups_read.h)
     take = parse.take if fast is None else functools.partial(fast.take_scalars, parse)
     try:
@@ -257,8 +255,6 @@ def parse_file(path: str, parse: ScalarsParse, cursor: Optional[Cursor] = None) 
             pass
     except OSError:  # gone meanwhile: keep what was read
         return True
-    except DecodeError:  # not an event file: keep what was read
-        return False
     return cursor is None or not cursor.broken
 
 
