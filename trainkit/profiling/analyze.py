@@ -28,7 +28,8 @@ from .analyzers import traces as trace_rules
 from .finding import Finding, sort_key
 from .eventfiles import Damage
 from .reader import EventReader
-from .runs import Run, find_runs, load_run
+from .logdir import NO_LIST, NO_READ, find_runs
+from .runs import Run, load_run
 from .tracefiles import WRITING_GRACE_S, TraceError, being_written, read_trace
 from .tracestats import TraceStats, summarize
 
@@ -107,7 +108,7 @@ class RunReport:
     #: the steps with a step time; ``steps`` is those less the ones ``left_out`` names
     timed: int = 0
     #: ``(path, what it is)`` of the event files and traces left out as no regular file (a
-    #: named pipe, a broken link): :attr:`.runs.Run.skipped`
+    #: named pipe, a broken link) or not readable: :attr:`.runs.Run.skipped`
     skipped: Tuple[Tuple[str, str], ...] = ()
     #: the timed steps the breakdown leaves out: ``{"first": 0 or 1, "compiled": n}`` (the
     #: first pays for warm-up, a compiling one holds seconds of torch.compile)
@@ -267,7 +268,13 @@ def _nothing_analyzed(run: Run, why: str, fix: str) -> Finding:
 
 
 def _skipped(path: str, what: str) -> str:
-    """A file left out as no regular file, in words, with the fix."""
+    """A file left out (no regular file, or not readable) or a folder not listed, in words, with
+    the fix."""
+    if what == NO_READ:
+        return f"{path!r} is {what}: left out; make it readable (chmod u+r {path})"
+    if what == NO_LIST:
+        return (f"{path!r} is {what}: the runs in it are not analyzed; make it readable "
+                f"(chmod u+rx {path})")
     why = " (reading a named pipe waits for a writer forever)" if "FIFO" in what else ""
     return (f"{path!r} is {what}, not a regular file: left out{why}; remove it, or put the file "
             f"it stands for in its place")
@@ -332,8 +339,10 @@ def _reports(logdir: Any) -> List[RunReport]:
     because it is still being written (at the line that called :func:`analyze` or
     :func:`analyze_runs`)."""
     path = _check_logdir(logdir)
-    every = [analyze_run(path, f) for f in find_runs(path)]
-    skipped = [_skipped(file, what) for r in every for file, what in r.skipped]
+    unlisted: List[Tuple[str, str]] = []
+    every = [analyze_run(path, f) for f in find_runs(path, unlisted)]
+    skipped = [_skipped(file, what) for file, what in unlisted]
+    skipped += [_skipped(file, what) for r in every for file, what in r.skipped]
     reports = [r for r in every if r.is_trainkit]
     if not reports:
         left = f" ({'; '.join(skipped)})" if skipped else ""

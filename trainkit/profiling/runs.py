@@ -33,9 +33,9 @@ import re
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from .. import recorder as _recorder
-from .._filekinds import broken_link, not_regular
 from ..recorder import PREFIX, STEP_TIME, UPDATE_MS
 from .eventfiles import Cursor, Damage, chunks_taken, damage_of
+from .logdir import EVENTS_MARK, regular_files
 from .points import Points, ScalarsParse
 from .trace import is_trace
 from .tracesessions import redone_from, session_start, trace_sessions, trace_time
@@ -46,8 +46,6 @@ if TYPE_CHECKING:
 
 #: The text summaries a run's reader keeps (:attr:`Run.meta`).
 META = PREFIX + "meta/"
-
-EVENTS_MARK = "tfevents"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +98,8 @@ class Run:
     #: more bytes after it: a crash or a damaged file), read up to there (TA112)
     damaged: Tuple[Damage, ...] = ()
     #: ``(path, what it is)`` of the folder's event files and traces that are no regular file (a
-    #: named pipe, whose reading would wait forever for a writer; a broken link), left out
+    #: named pipe, whose reading would wait forever for a writer; a broken link) or that the user
+    #: may not read (:data:`.logdir.NO_READ`), left out
     skipped: Tuple[Tuple[str, str], ...] = ()
 
     def values(self, tag: str) -> Dict[int, float]:
@@ -152,26 +151,6 @@ class Run:
         # a corrupt file holding trainkit/ tags past the damage is one too, reported as such
         return any(tag.startswith(PREFIX) for tag in self.scalars) or bool(self.meta) \
             or bool(self.damaged)
-
-
-def find_runs(logdir: str) -> List[str]:
-    """Folders under ``logdir`` (itself included) holding event files or traces, sorted.
-
-    Symlinked folders are followed, as TensorBoard follows them (runs linked into one logdir to
-    compare them), each real folder once, so a link back up the tree ends.
-    """
-    found = []
-    seen = set()
-    for folder, dirs, files in os.walk(logdir, followlinks=True):
-        real = os.path.realpath(folder)
-        if real in seen:
-            dirs[:] = []
-            continue
-        seen.add(real)
-        dirs.sort()
-        if any(EVENTS_MARK in f or is_trace(f) for f in files):
-            found.append(folder)
-    return found
 
 
 # A summary value whose tag starts with "trainkit/", as protobuf writes it: the tag's field key
@@ -320,27 +299,6 @@ def load_run(logdir: str, folder: str, *, reader: Optional["EventReader"] = None
                restarts=tuple((t, first) for t, first in starts if t is not None),
                trace_sessions=named, redone=redone_from(shown, counted),
                damaged=tuple(damaged), skipped=skipped)
-
-
-def regular_files(folder: str, names: List[str]
-                  ) -> Tuple[List[str], Tuple[Tuple[str, str], ...]]:
-    """Of ``names`` (in ``folder``), those to read, and ``(path, what it is)`` of the event files
-    and traces left out as no regular file: a named pipe (FIFO) would keep the reading waiting
-    for a writer forever, a device never end it; a broken link has nothing to read."""
-    kept, skipped = [], []
-    for n in names:
-        path = os.path.join(folder, n)
-        try:
-            what = not_regular(os.stat(path).st_mode)
-        except OSError:
-            what = broken_link(path)
-            if not what:  # gone meanwhile
-                continue
-        if not what:
-            kept.append(n)
-        elif EVENTS_MARK in n or is_trace(n):
-            skipped.append((path, what))
-    return kept, tuple(skipped)
 
 
 #: What only a counted step writes (its optimizer's update, its time since the step before): a

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ...profiling.analyze import analyze_run
 from ...profiling.reader import EventReader
-from ...profiling.runs import EVENTS_MARK, find_runs
+from ...profiling.logdir import EVENTS_MARK, find_runs
 from ...profiling.trace import is_trace
 
 #: An ablation result a run may hold (written by the ablation report); shown as a table.

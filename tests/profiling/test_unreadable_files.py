@@ -1,0 +1,121 @@
+"""An event file or a trace the user may not read, or a run folder the user may not list
+(``chmod 000``), inside an analyzed logdir was passed over in silence by ``trainkit analyze``
+(``find_runs``, the trainkit-tag scan); each is now left out with a warning naming the path and
+the ``chmod`` that fixes it, as a named pipe is, and the tab's JSON lists the file in ``skipped``.
+
+Permissions do not stop root: as root, the commands run without the capabilities that let root
+pass them (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, dropped from the bounding set by ``setpriv``),
+still as uid 0, so that this venv's Python under /root can run; where that cannot be done, the
+tests skip.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import lru_cache
+from typing import List, Optional
+
+import pytest
+
+from .conftest import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRACE = "host_1.1700000000000000000.pt.trace.json"
+_NO_DAC = ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
+           "--inh-caps=-dac_override,-dac_read_search"]
+
+
+@lru_cache(maxsize=None)
+def _runner() -> Optional[List[str]]:
+    """The command prefix that runs this Python where permissions stop it; None: none here."""
+    if os.name != "posix":
+        return None
+    if os.geteuid() != 0:
+        return [sys.executable]
+    if shutil.which("setpriv") is None:
+        return None
+    with tempfile.TemporaryDirectory() as probe:
+        locked = os.path.join(probe, "locked")
+        with open(locked, "w") as fh:
+            fh.write("x")
+        os.chmod(locked, 0)
+        done = subprocess.run(_NO_DAC + [sys.executable, "-c", "import sys, trainkit\ntry:\n"
+                                         "    open(sys.argv[1])\nexcept PermissionError:\n"
+                                         "    sys.exit(0)\nsys.exit(1)", locked],
+                              cwd=ROOT, env=_env(), capture_output=True, timeout=60)
+    return _NO_DAC + [sys.executable] if done.returncode == 0 else None
+
+
+def _env() -> dict:
+    return dict(os.environ, PYTHONPATH=ROOT, PYTHONDONTWRITEBYTECODE="1")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    runner = _runner()
+    if runner is None:
+        pytest.skip("no way to run as a process that file permissions stop (root without "
+                    "setpriv, or capabilities that cannot be dropped)")
+    return subprocess.run(runner + list(args), cwd=ROOT, env=_env(), capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory) -> str:
+    logdir = str(tmp_path_factory.mktemp("good"))
+    train(logdir, steps=12)
+    return logdir
+
+
+@pytest.fixture
+def logdir(tmp_path, good):
+    """``a``: a run; ``b``: a run folder locked; ``c``: a run whose one event file is locked;
+    ``d``: a run with a trace locked beside its event file."""
+    root = tmp_path / "logs"
+    for name in "abcd":
+        shutil.copytree(good, root / name)
+    with open(root / "d" / TRACE, "w") as fh:
+        fh.write("{}")
+    (events,) = [f for f in os.listdir(root / "c") if "tfevents" in f]
+    locked = [root / "b", root / "c" / events, root / "d" / TRACE]
+    for path in locked:
+        os.chmod(path, 0)
+    yield str(root), [str(p) for p in locked]
+    for path in locked:
+        if os.path.lexists(path):
+            os.chmod(path, 0o755)
+
+
+def test_trainkit_analyze_says_each_and_analyzes_the_rest(logdir):
+    root, (folder, events, trace) = logdir
+    done = _run("-m", "trainkit", "analyze", root)
+    assert done.returncode == 0, done.stderr
+    err = " ".join(done.stderr.split())
+    assert (f"{folder!r} is a folder you have no permission to list: the runs in it are not "
+            f"analyzed; make it readable (chmod u+rx {folder})") in err, err
+    assert (f"{events!r} is a file you have no permission to read: left out; make it readable "
+            f"(chmod u+r {events})") in err, err
+    assert f"{trace!r} is a file you have no permission to read" in err, err
+    assert "[a]" in done.stdout and "[d]" in done.stdout and "Traceback" not in done.stderr
+
+
+def test_a_logdir_of_locked_runs_alone_says_them_in_the_error(logdir):
+    root, (folder, events, _) = logdir
+    shutil.rmtree(os.path.join(root, "a"))
+    shutil.rmtree(os.path.join(root, "d"), ignore_errors=True)
+    done = _run("-c", "import sys, trainkit as tk; tk.analyze(sys.argv[1])", root)
+    assert "no trainkit run" in done.stderr, done.stderr[-2000:]
+    assert f"chmod u+rx {folder}" in done.stderr and f"chmod u+r {events}" in done.stderr
+
+
+def test_the_tab_lists_the_locked_trace_in_skipped(logdir):
+    root, _ = logdir
+    done = _run("-c", "import sys, json; from trainkit.sinks.tbplugin.data import "
+                "TabData; d = TabData(sys.argv[1]); print(json.dumps(d.report('d')))", root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rep = json.loads(done.stdout)
+    assert rep["steps"] > 0 and rep["skipped"] == [[TRACE, "a file you have no permission to "
+                                                           "read"]]
