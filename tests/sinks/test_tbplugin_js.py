@@ -112,3 +112,31 @@ def test_the_breakdown_heading_says_which_steps_it_leaves_out(tmp_path, compiled
             "that compiled left out)" if compiled else
             "Step time breakdown (mean of 10 of the 11 timed steps: the first (warm-up) left out)")
     assert said in out.stdout, out.stdout
+
+
+@pytest.mark.skipif(shutil.which("node") is None or not hasattr(os, "mkfifo"),
+                    reason="node is not installed, or no named pipes here")
+def test_the_page_says_the_files_left_out(tmp_path):
+    """A file left out of the analysis (a named pipe, a broken link) was listed under "skipped"
+    in the report's JSON alone: the page said nothing, and its findings read as the whole run's."""
+    import json
+
+    from tests.profiling.conftest import train
+    from trainkit.sinks.tbplugin.data import TabData
+
+    logdir = str(tmp_path / "logs")
+    train(logdir, steps=6)
+    trace = "host_1.1700000000000000000.pt.trace.json"
+    os.mkfifo(os.path.join(logdir, trace))
+    os.symlink("gone.pt.trace.json", os.path.join(logdir, "link.pt.trace.json"))
+    (tmp_path / "report.json").write_text(json.dumps(TabData(logdir).report(".")))
+    shutil.copy(os.path.join(REPO, "trainkit", "sinks", "tbplugin", "static", "index.js"),
+                tmp_path / "index.mjs")
+    (tmp_path / "harness.mjs").write_text(SHOW_REPORT)
+    out = subprocess.run(["node", "harness.mjs"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (f"Left out of the analysis (not read): {trace} (a named pipe (FIFO)); "
+            f"link.pt.trace.json (a broken symbolic link (to 'gone.pt.trace.json', which does "
+            f"not exist)); trainkit analyze on this logdir says how to fix each.") \
+        in out.stdout, out.stdout

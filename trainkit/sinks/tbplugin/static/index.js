@@ -146,6 +146,16 @@ function traces(run, rep) {
   return el('div', {}, ...parts);
 }
 
+// The run's event files and traces that were not read (a named pipe, a broken link, a file the
+// user may not read): said on the page, not only in the JSON, since the findings lack them.
+function skipped(rep) {
+  const list = rep.skipped || [];
+  if (!list.length) return [];
+  return [el('p', {id: 'skipped', class: 'medium'},
+    'Left out of the analysis (not read): ' + list.map(([name, what]) => `${name} (${what})`).join('; ') +
+    '; trainkit analyze on this logdir says how to fix each.')];
+}
+
 let shown = null;  // the run on screen: a re-check for a trace being written is for it only
 let recheck = null;
 
@@ -156,7 +166,7 @@ async function showRun(root, run, quiet = false) {
   try {
     const rep = await getJson(`./report?run=${encodeURIComponent(run)}`);
     if (shown !== run) return;  // another run was picked meanwhile
-    root.replaceChildren(
+    root.replaceChildren(...skipped(rep),
       el('h2', {id: 'breakdown-heading'}, stepsCounted(rep)), breakdown(rep.breakdown),
       el('h2', {}, 'Findings'), findings(rep.findings),
       el('h2', {}, 'Ablation'), ablation(rep.ablation),
