@@ -89,6 +89,8 @@ def test_a_wrapped_optimizer_compiles_the_one_it_wraps_as_tk_patch_does(tmp_path
             inner.param_groups[0]["params"][0].grad = torch.ones(2)
             wrapped.step()
     assert [st for st, _ in scalars(tmp_path)["trainkit/update_ms"]] == [1, 2]
+    # compiled indeed: the wrapper calls step(None), once taken for a closure and run eagerly
+    assert sum(v for _, v in scalars(tmp_path)["trainkit/compile/seconds"]) > 0
     assert float(inner.param_groups[0]["params"][0][0].detach()) == pytest.approx(-0.2)
     tk.unpatch(wrapped)
     assert optimizer_patch(inner) is None and "step" not in inner.__dict__

@@ -8,18 +8,31 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 
 def referenced_optimizers(fn: Callable[..., Any], args: Tuple[Any, ...] = (),
-                          kwargs: Optional[Dict[str, Any]] = None) -> List[Any]:
+                          kwargs: Optional[Dict[str, Any]] = None,
+                          through: Optional[List[Any]] = None) -> List[Any]:
     """The optimizers a function names: its globals, closure cells and default arguments, and
     in a call's arguments (``step(model, opt, batch)``; a list of them), or an argument's
     attributes it reads (``self.opt`` in a method). Missed, an optimizer's lr and betas stayed
     Python floats in the graph: a recompile at each new value of a scheduler's, and eager once
-    dynamo's limit was reached."""
+    dynamo's limit was reached.
+
+    Of accelerate's wrapper, the optimizer it wraps (trainkit._wrapped), as ``tk.patch`` takes:
+    the wrapper itself has no hook registries nor state of its own, and the first call raised
+    AttributeError (``_optimizer_load_state_dict_pre_hooks``). Those are appended to ``through``
+    too, where given: the wrapper's calls are not all steps of theirs."""
     import torch
+
+    from .._wrapped import inner_optimizer
 
     found: List[Any] = []
     for obj in _named(fn, args, kwargs):
-        if isinstance(obj, torch.optim.Optimizer) and all(obj is not f for f in found):
-            found.append(obj)
+        if isinstance(obj, torch.optim.Optimizer):
+            inner = inner_optimizer(obj)
+            if inner is not None and through is not None:
+                through.append(inner)
+            obj = inner or obj
+            if all(obj is not f for f in found):
+                found.append(obj)
     return found
 
 

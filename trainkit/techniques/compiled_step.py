@@ -237,6 +237,11 @@ def compile_core(opt: Any, step: Callable[..., Any], *, mode: Optional[str] = No
                          fullgraph=fullgraph, name=type(opt).__name__)
 
     def core(*args: Any, **kwargs: Any) -> Any:
+        # step(None) is no closure: accelerate's wrapper passes its own on, None or not, and
+        # every step through it ran eagerly, compiled in name only.
+        if (len(args) == 1 and args[0] is None and not kwargs) or (
+                not args and list(kwargs.items()) == [("closure", None)]):
+            args, kwargs = (), {}
         if args or kwargs:
             return rebind(eager, ref)(*args, **kwargs)
         if count is not None:
@@ -265,14 +270,17 @@ def _decorate(fn: Callable[..., Any], *, mode: Optional[str], fullgraph: bool) -
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        opts = referenced_optimizers(fn, args, kwargs)  # once a call: run() gets them too
+        through: List[Any] = []  # optimizers stepped through accelerate's wrapper
+        opts = referenced_optimizers(fn, args, kwargs, through)  # once a call: run() gets them
         patches = [(o, p) for o in opts if (p := optimizer_patch(o)) is not None]
         if not patches:
             return compiled.run(opts, args, kwargs)
-        if any(p.gate is not None for _o, p in patches):
+        if any(p.gate is not None or any(o is t for t in through) for o, p in patches):
             # Inside tk.accumulate the function may run a micro-batch's forward and backward
             # too: they must run at every call, and before the gate divides (and clips) the
             # window's gradients at its last one, so no one graph can hold them with the update.
+            # Through accelerate's wrapper, a call steps the optimizer at real steps only: run
+            # as one patched step, each call counted as one (each micro-batch).
             # The function runs as it is, its optimizers' steps gated, each real step compiled.
             cores = [p.core for _o, p in patches]
             for o, p in patches:
