@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import types
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Dict
 
 from ._optcalls import referent
 
@@ -42,27 +42,50 @@ def leaks(opt: Any, attr: str) -> bool:
     return part is not None and attr in part
 
 
-def guard(opt: Any, unpatched: Callable[[dict], dict]) -> None:
+def guard(opt: Any, unpatched: Callable[[dict], dict], key: str = "patch") -> None:
     """Give ``opt`` an instance ``__getstate__``: its class's, passed through ``unpatched`` (which
     takes a copy of the ``__dict__`` part and returns it as it would be without the patch).
+
+    Each ``key`` (the patch; a compiled step's state keeper, techniques._state_keeper) adds its
+    own ``unpatched`` to the one ``__getstate__``, in the order given, and :func:`unguard` takes
+    it out: one guard replacing another handed the first one's attributes (hooks that cannot
+    be pickled) over to copies.
 
     Bound to a weak proxy of ``opt``: a bound method of it in its own ``__dict__`` would be a
     reference cycle that keeps it (and its state) alive after ``del optimizer``.
     """
+    current = _ours(opt)
+    if current is not None:
+        current.trainkit_guard[key] = unpatched
+        return
+    steps: Dict[str, Callable[[dict], dict]] = {key: unpatched}
+
     def __getstate__(self: Any) -> Any:
         state = class_state(referent(self))
         part = _state_dict_part(state)
         if part is None:
             return state
-        part = unpatched({k: v for k, v in part.items() if k != _GETSTATE})
+        part = {k: v for k, v in part.items() if k != _GETSTATE}
+        for step in list(steps.values()):
+            part = step(part)
         return part if isinstance(state, dict) else (part,) + state[1:]
 
-    __getstate__.trainkit_guard = True  # type: ignore[attr-defined]
+    __getstate__.trainkit_guard = steps  # type: ignore[attr-defined]
     opt.__dict__[_GETSTATE] = types.MethodType(__getstate__, weakref.proxy(opt))
 
 
-def unguard(opt: Any) -> None:
-    """Undo :func:`guard` (nothing when ``opt`` has no instance ``__getstate__`` of ours)."""
-    current = opt.__dict__.get(_GETSTATE)
-    if getattr(getattr(current, "__func__", None), "trainkit_guard", False):
+def unguard(opt: Any, key: str = "patch") -> None:
+    """Undo :func:`guard` for ``key`` (nothing when ``opt`` has no instance ``__getstate__`` of
+    ours, or none for ``key``); the last key gone, the instance ``__getstate__`` goes too."""
+    current = _ours(opt)
+    if current is None:
+        return
+    current.trainkit_guard.pop(key, None)
+    if not current.trainkit_guard:
         del opt.__dict__[_GETSTATE]
+
+
+def _ours(opt: Any) -> Any:
+    """The function of ``opt``'s instance ``__getstate__`` where :func:`guard` set it, else None."""
+    func = getattr(opt.__dict__.get(_GETSTATE), "__func__", None)
+    return func if isinstance(getattr(func, "trainkit_guard", None), dict) else None

@@ -3,7 +3,9 @@ into them while a compiled step uses the optimizer (a checkpoint loaded mid-run,
 recompile after warm-up and its warning), and ``tk.unpatch`` gives ``load_state_dict`` back."""
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional, Tuple
+
+from .. import _optstate
 
 
 _KEEPER = "_trainkit_keeps_state"  # on the optimizer: [hook handles, how many compiled steps use them]
@@ -40,8 +42,30 @@ def keep_state_tensors(opt: Any) -> None:
                         t.copy_(value)
                         st[key] = t
 
-    opt.__dict__[_KEEPER] = [(opt.register_load_state_dict_pre_hook(pre),
-                              opt.register_load_state_dict_post_hook(post)), 1]
+    handles = (opt.register_load_state_dict_pre_hook(pre),
+               opt.register_load_state_dict_post_hook(post))
+    opt.__dict__[_KEEPER] = [handles, 1]
+    if _optstate.leaks(opt, _KEEPER):  # its class hands its __dict__ over: not these to copies
+        _optstate.guard(opt, lambda d: _unkept(d, handles), key=_KEEPER)
+
+
+def _unkept(d: Dict[str, Any], handles: Tuple[Any, ...]) -> Dict[str, Any]:
+    """``d``, the ``__dict__`` part of a copy of the optimizer, without what
+    :func:`keep_state_tensors` added: its flag, and its hooks (local functions: ``pickle`` failed
+    on them, and a deep copy kept them). The hook registries are the live ones: copied, not
+    changed."""
+    d.pop(_KEEPER, None)
+    for handle in handles:
+        name = _hooks_name(d, handle)
+        if name is not None:
+            d[name] = type(d[name])((k, v) for k, v in d[name].items() if k != handle.id)
+    return d
+
+
+def _hooks_name(d: Dict[str, Any], handle: Any) -> Optional[str]:
+    """The key in ``d`` of the hook registry ``handle`` removes from (None where ``d`` lacks it)."""
+    registry = handle.hooks_dict_ref()
+    return None if registry is None else next((k for k, v in d.items() if v is registry), None)
 
 
 def release_state_tensors(opt: Any) -> None:
@@ -55,3 +79,4 @@ def release_state_tensors(opt: Any) -> None:
         for handle in keeper[0]:
             handle.remove()
         del opt.__dict__[_KEEPER]
+        _optstate.unguard(opt, key=_KEEPER)
