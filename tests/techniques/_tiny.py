@@ -1,9 +1,12 @@
 """A tiny model and a few plain steps, shared by the tests of the fused technique's switch."""
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, Iterator, List
 
+import pytest
 import torch
+
+from trainkit.techniques import fused
 
 
 def tiny_model(device: str = "cpu") -> torch.nn.Module:
@@ -20,3 +23,15 @@ def train(opt: Any, model: torch.nn.Module, steps: int = 3) -> List[torch.Tensor
         opt.step()
         opt.zero_grad()
     return [p.detach().clone() for p in model.parameters()]
+
+
+def fused_float64() -> Iterator[None]:
+    """The default dtype float64 for a test (the for-loop update then keeps its steps in float64,
+    the fused one in float32: the place tells them apart); skipped where the CPU has no fused
+    kernels. Each test module makes it a fixture of its own kind (autouse or asked for)."""
+    if "cpu" not in fused._supported_devices():
+        pytest.skip("fused optimizer kernels on the CPU need torch >= 2.4")
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any, List, Tuple
 
-import pytest
 import torch
 
 import trainkit as tk

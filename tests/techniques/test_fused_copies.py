@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import copy
 import pickle
-from typing import Any, Callable, Iterator, List
+from typing import Any, Callable, List
 
 import pytest
 import torch
 
 import trainkit as tk
 from trainkit import switches
-from trainkit.techniques import fused
+
+from ._tiny import fused_float64, tiny_model as _model
 
 COPIERS = {"deepcopy": copy.deepcopy, "pickle": lambda o: pickle.loads(pickle.dumps(o))}
 
@@ -29,19 +30,7 @@ class DictStateAdam(torch.optim.Adam):
         return self.__dict__
 
 
-@pytest.fixture(autouse=True)
-def float64() -> Iterator[None]:
-    if "cpu" not in fused._supported_devices():
-        pytest.skip("fused optimizer kernels on the CPU need torch >= 2.4")
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
-
-def _model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+float64 = pytest.fixture(autouse=True)(fused_float64)
 
 
 def _train(opt: Any, steps: int) -> List[torch.Tensor]:

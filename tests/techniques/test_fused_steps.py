@@ -9,7 +9,7 @@ still tells them apart when the default dtype is float64 (for-loop: float64; fus
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Set, Tuple
+from typing import Any, Set, Tuple
 
 import pytest
 import torch
@@ -19,19 +19,12 @@ from trainkit import switches
 from trainkit.techniques import fused
 from trainkit.techniques._fused_steps import hosted
 
-from ._tiny import tiny_model as _model, train as _train
+from ._tiny import fused_float64, tiny_model as _model, train as _train
 
 CLASSES = [torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad]
 
 
-@pytest.fixture
-def float64() -> Iterator[None]:
-    if "cpu" not in fused._supported_devices():
-        pytest.skip("fused optimizer kernels on the CPU need torch >= 2.4")
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+float64 = pytest.fixture(fused_float64)
 
 
 def _places(opt: Any) -> Set[Tuple[torch.dtype, str, float]]:

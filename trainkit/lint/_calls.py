@@ -18,6 +18,7 @@ import ast
 from typing import TYPE_CHECKING, Dict, List, Union
 
 from trainkit.lint._input_grads import input_backwards_only
+from trainkit.lint._nodes import own_nodes
 from trainkit.lint._switches import switched_off
 
 if TYPE_CHECKING:
@@ -53,19 +54,6 @@ def is_batch_loop(ctx: "FileContext", loop: ast.AST) -> bool:
     return backward and step
 
 
-def _own_nodes(function: Function) -> List[ast.AST]:
-    """Every node of ``function``'s body, its loops included, but not its nested functions or classes."""
-    out: List[ast.AST] = []
-    stack: List[ast.AST] = list(function.body)
-    while stack:
-        current = stack.pop()
-        if isinstance(current, _SCOPES):
-            continue
-        out.append(current)
-        stack.extend(ast.iter_child_nodes(current))
-    return out
-
-
 def step_function_defs(ctx: "FileContext") -> Dict[str, List[Function]]:
     """The file's functions and methods whose own body, outside loops, runs backward or a step, by name.
 
@@ -93,7 +81,7 @@ def step_function_defs(ctx: "FileContext") -> Dict[str, List[Function]]:
         if epoch or not (steps or backwards):
             continue
         # `def fgsm(model, x, y): ...; loss.backward(); return x + eps * x.grad.sign()`: an attack, no step
-        if steps or not input_backwards_only(ctx, backwards, _own_nodes(node)):
+        if steps or not input_backwards_only(ctx, backwards, own_nodes(node)):
             found.setdefault(node.name, []).append(node)
     return found
 

@@ -8,7 +8,7 @@ conditions a loop's statements run under in :mod:`trainkit.lint._conditions`.
 from __future__ import annotations
 
 import ast
-from typing import FrozenSet, Iterator, List, Optional, Tuple
+from typing import FrozenSet, Iterator, List, Optional, Tuple, Union
 
 
 def dotted(node: ast.AST) -> Optional[str]:
@@ -107,3 +107,20 @@ def pos(node: ast.AST) -> Tuple[int, ...]:
     here = (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
     at = getattr(node, "inlined_at", None)
     return at + here if at is not None else here
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def own_nodes(function: Union[ast.FunctionDef, ast.AsyncFunctionDef]) -> List[ast.AST]:
+    """Every node of ``function``'s own body, its loops included, but not its nested functions,
+    lambdas or classes (their code does not run when ``function`` does)."""
+    out: List[ast.AST] = []
+    stack: List[ast.AST] = list(function.body)
+    while stack:
+        current = stack.pop()
+        if isinstance(current, _SCOPES):
+            continue
+        out.append(current)
+        stack.extend(ast.iter_child_nodes(current))
+    return out

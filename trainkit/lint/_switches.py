@@ -32,14 +32,13 @@ import ast
 from typing import TYPE_CHECKING, Dict, List, Optional, Set, Union
 
 from trainkit.lint._modes import grad_back_on, innermost_loop, may_change, mode_before
-from trainkit.lint._nodes import dotted
+from trainkit.lint._nodes import dotted, own_nodes
 
 if TYPE_CHECKING:
     from trainkit.lint._core import FileContext
 
 Function = Union[ast.FunctionDef, ast.AsyncFunctionDef]
 
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _TRUTHY, _FALSY, _NOT_NONE, _NONE = "truthy", "falsy", "not None", "None"
 Needs = Dict[str, Set[str]]
 
@@ -90,19 +89,6 @@ def _needs_of(parents: Dict[ast.AST, ast.AST], function: Function, node: ast.AST
     return out
 
 
-def _own(function: Function) -> List[ast.AST]:
-    """The nodes of ``function``'s own body, outside nested functions, lambdas and classes."""
-    own: List[ast.AST] = []
-    stack: List[ast.AST] = list(function.body)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, _SCOPES):
-            continue
-        own.append(node)
-        stack.extend(ast.iter_child_nodes(node))
-    return own
-
-
 def _fixed(function: Function, own: List[ast.AST]) -> Set[str]:
     """``function``'s parameters that its own body never rebinds."""
     args = function.args
@@ -112,7 +98,7 @@ def _fixed(function: Function, own: List[ast.AST]) -> Set[str]:
 
 def switches(ctx: "FileContext", function: Function) -> Needs:
     """The parameters every backward and step of ``function`` needs, and what they need (see the module)."""
-    own = _own(function)
+    own = own_nodes(function)
     found: Optional[Needs] = None
     for node in own:
         if isinstance(node, ast.Call) and (ctx.is_backward(node) or ctx.is_step(node)):
@@ -218,6 +204,6 @@ def never_runs(ctx: "FileContext", function: Function, call: ast.Call, node: ast
     needs = _needs_of(ctx.parents, function, node)
     if not needs:
         return False
-    fixed = _fixed(function, _own(function))
+    fixed = _fixed(function, own_nodes(function))
     return any(name.split(".")[0] in fixed and (name in fixed or _mode_kept(ctx, function, name))
                and _contradicts(_value(ctx, function, call, name), need) for name, need in needs.items())
