@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 
 import pytest
 import torch
@@ -177,6 +178,32 @@ def test_exception_propagates_unchanged_and_records_survive(tmp_path):
             raise err
     assert info.value is err
     assert scalars(tmp_path)["before"] == [(1, 7.0)]
+
+
+@pytest.mark.parametrize("err", [KeyError("users own"), KeyboardInterrupt(), SystemExit(3)],
+                         ids=["exception", "ctrl-c", "sys.exit"])
+def test_an_exception_leaving_the_block_goes_on_under_warnings_as_errors(tmp_path, err):
+    # Under `python -W error` (or pytest's filterwarnings = "error") the close's own warning,
+    # here "no step counted", was raised from __exit__ in place of the user's exception: an
+    # `except KeyError` around the block missed it, and sys.exit(3) exited 1.
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("error")
+        with pytest.raises(type(err)) as info:
+            with tk.session(logdir=tmp_path / "a", system_metrics=False) as s:
+                s.log("loss", 1.0)
+                s.log("loss", 2.0)
+                raise err
+        assert info.value is err
+        assert [w.filename for w in shown] == [__file__], shown  # the `with` line, as warned
+        said = str(shown[0].message)
+        assert "counted no step" in said and type(err).__name__ in said, said
+        assert scalars(tmp_path / "a")["loss"] == [(1, 1.5)]
+        # Leaving the block normally, the warning is the error that was asked for.
+        with pytest.raises(RuntimeWarning, match="counted no step"):
+            with tk.session(logdir=tmp_path / "b", system_metrics=False) as s:
+                s.log("loss", 1.0)
+                s.log("loss", 2.0)
+    assert scalars(tmp_path / "b")["loss"] == [(1, 1.5)]
 
 
 def test_one_session_at_a_time(tmp_path):

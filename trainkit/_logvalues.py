@@ -1,7 +1,7 @@
 """What ``s.log(name, value)`` accepts: the names it refuses, and values turned into scalars.
 
 The session's fast path (a str name seen before, a CPU tensor) does not come here; the first use
-of a name and every other kind of value do.
+of a name and every other kind of value do. A closed session's buffer refuses what is still logged.
 """
 from __future__ import annotations
 
@@ -81,3 +81,21 @@ def _real(name: str, value: Any) -> float:
 def _not_a_scalar(name: str, value: Any) -> TypeError:
     return TypeError(f"log({name!r}, {brief(value)}): value must be a real number or a "
                      f"one-element tensor or array, e.g. s.log({name!r}, loss)")
+
+
+class ClosedBuffer:
+    """A closed session's buffer: what is still logged into it is refused, not dropped unsaid."""
+
+    def __init__(self, session_repr: str) -> None:
+        self._repr = session_repr
+
+    def append(self, record: Any) -> None:
+        tag = record[0]
+        if tag.__class__ is str and tag.startswith(OWN_TAGS):
+            # A technique's record of a call under way when another thread (or a signal
+            # handler) closed the session: no session's any more. Raised, it failed the user's
+            # optimizer.step() after the step was taken, blaming a log('\x00step', ...).
+            return
+        raise RuntimeError(f"log({record[0]!r}, ...) after the session was closed ({self._repr}): "
+                           f"it would not be written; log inside the `with tk.session(...)` block, "
+                           f"or start a new session")

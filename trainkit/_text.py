@@ -91,3 +91,20 @@ def user_stacklevel(*, past_torch: bool = False) -> int:
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(skip):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def show_over(said: Warning, exc: BaseException, frame: Any) -> None:
+    """Show ``said``, a warning the filters made an error, raised while ``exc`` propagates from
+    the user's ``frame`` (a ``with`` block's exit): the user's exception goes on, and the warning
+    is shown where it pointed, through :func:`warnings.showwarning` (which pytest records).
+
+    Example::
+
+        except Warning as said:
+            show_over(said, exc, sys._getframe(1))
+    """
+    import warnings
+
+    warnings.showwarning(f"{said} (shown, not raised: the warning filters make it an error, "
+                         f"and the {type(exc).__name__} leaving the block goes on)",
+                         type(said), frame.f_code.co_filename, frame.f_lineno)

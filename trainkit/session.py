@@ -13,6 +13,7 @@ import functools
 import json
 import numbers
 import os
+import sys
 import threading
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Union
@@ -20,12 +21,12 @@ from typing import Any, Callable, Dict, List, Optional, Union
 from . import _compiled, _signals, _unstepped, timing
 from ._logdir import (check_logdir as _check_logdir, default_logdir as _default_logdir, process_rank,
                       warn_ranks_mixed)
-from ._logvalues import check_log_name, to_scalar
+from ._logvalues import ClosedBuffer, check_log_name, to_scalar
 from ._session_args import MAX_STEP, check_session_args
 from ._session_steps import StepCounter
-from ._text import brief, user_stacklevel
+from ._text import brief, show_over, user_stacklevel
 from .profiling.schedule import check_session_profile
-from .recorder import OWN_TAGS, Recorder
+from .recorder import Recorder
 
 _active: Optional["Session"] = None
 
@@ -222,7 +223,7 @@ class Session(StepCounter):
                         # From here s.log says the session is closed (another thread's too);
                         # what was appended before is in the recorder's buffer, which its
                         # close drains.
-                        self._buf = _ClosedBuffer(self)
+                        self._buf = ClosedBuffer(repr(self))
                         try:
                             self._record_optimizers()
                         finally:  # whatever that did, everything recorded is written
@@ -286,7 +287,15 @@ class Session(StepCounter):
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.close()  # returns None: an exception propagates unchanged
+        if exc[1] is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Warning as said:  # warnings made errors: python -W error, pytest's "error"
+            # The exception leaving the block goes on unchanged (this returns None): raised from
+            # here, the close's warning replaced it (sys.exit(3) exited 1). Shown instead.
+            show_over(said, exc[1], sys._getframe(1))
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"step {self.step}"
@@ -335,24 +344,6 @@ _compiled.never_traced(Session.log, _compiled.LOG_IN_GRAPH)
 
 
 # -- activation, exit and signals ------------------------------------------------------------------
-class _ClosedBuffer:
-    """A closed session's buffer: what is still logged into it is refused, not dropped unsaid."""
-
-    def __init__(self, s: Session) -> None:
-        self._repr = repr(s)
-
-    def append(self, record: Any) -> None:
-        tag = record[0]
-        if tag.__class__ is str and tag.startswith(OWN_TAGS):
-            # A technique's record of a call under way when another thread (or a signal
-            # handler) closed the session: no session's any more. Raised, it failed the user's
-            # optimizer.step() after the step was taken, blaming a log('\x00step', ...).
-            return
-        raise RuntimeError(f"log({record[0]!r}, ...) after the session was closed ({self._repr}): "
-                           f"it would not be written; log inside the `with tk.session(...)` block, "
-                           f"or start a new session")
-
-
 _start_lock = threading.RLock()
 
 
