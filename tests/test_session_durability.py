@@ -7,6 +7,7 @@ a step, a multiprocessing child's unclosed session, and values logged by ``step=
 from __future__ import annotations
 
 import gc
+import re
 import signal
 import time
 
@@ -73,19 +74,26 @@ def test_forked_dataloader_workers_record_nothing(tmp_path):
     assert [v for _, v in scalars(tmp_path)["x"]] == [1.0]
 
 
-def test_a_run_folder_deleted_mid_run_is_said_and_made_again_for_what_comes_next(tmp_path):
+@pytest.mark.parametrize("action", ["always", "error"])
+def test_a_run_folder_deleted_mid_run_is_said_and_made_again_for_what_comes_next(tmp_path, action):
+    # "error": where warnings are errors (python -W error), the warning, raised in the write,
+    # was taken for a failed write: "trainkit bug", and everything after it dropped.
     import shutil
+    import warnings
 
     logdir = tmp_path / "run"
     s = tk.session(logdir=logdir, system_metrics=False, flush_secs=60)
     for i in range(1, 21):
         s.log("x", float(i), step=i)
     s.flush()
-    with pytest.warns(RuntimeWarning, match=r"was deleted while the run went on .*goes to"):
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter(action)
         shutil.rmtree(logdir)  # `rm -rf runs/*` to clean up old runs, this one caught too
         for i in range(21, 31):
             s.log("x", float(i), step=i)
         s.close()
+    said = [str(w.message) for w in shown]
+    assert len(said) == 1 and re.search(r"was deleted while the run went on .*goes to", said[0]), said
     steps = [st for st, _ in scalars(logdir)["x"]]
     assert steps[-10:] == list(range(21, 31)), steps  # before: nothing, and nothing said
 

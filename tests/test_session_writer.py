@@ -58,8 +58,12 @@ def test_value_logged_after_the_step_joins_that_steps_event(tmp_path):
         assert len(tag_sets) == 1 and {"loss", "trainkit/update_ms"} <= tag_sets[0], (step, tag_sets)
 
 
-def test_a_value_that_cannot_be_resolved_is_left_out_alone(tmp_path):
-    """Whatever one recorded value does, the writer writes everything else (and says so)."""
+@pytest.mark.parametrize("action", ["always", "error"])
+def test_a_value_that_cannot_be_resolved_is_left_out_alone(tmp_path, action):
+    """Whatever one recorded value does, the writer writes everything else (and says so), also
+    where warnings are errors (python -W error): the warning, raised, was taken for a failed
+    write, and everything recorded from then on dropped."""
+    import warnings
 
     class Broken:
         def ready(self):
@@ -71,14 +75,18 @@ def test_a_value_that_cannot_be_resolved_is_left_out_alone(tmp_path):
         def release(self):
             pass
 
-    with pytest.warns(RuntimeWarning, match="'odd' could not be written.*device lost"):
+    odd = f"odd_{action}"  # said once per tag and process
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter(action)
         with tk.session(logdir=tmp_path, system_metrics=False) as s:
-            s.record("odd", Broken())
+            s.record(odd, Broken())
             s.log("kept", 3.0)
             s.step_done(time.perf_counter())
             s.log("later", 4.0)
+    said = [str(w.message) for w in shown]
+    assert len(said) == 1 and f"{odd!r} could not be written (RuntimeError: device lost)" in said[0]
     got = scalars(tmp_path)
-    assert got["kept"] == [(1, 3.0)] and got["later"] == [(2, 4.0)] and "odd" not in got
+    assert got["kept"] == [(1, 3.0)] and got["later"] == [(2, 4.0)] and odd not in got
 
 
 class _Pending:

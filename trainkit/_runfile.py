@@ -25,13 +25,18 @@ def versions() -> str:
 
 def warn_lost(path: str, exc: BaseException, what: str) -> None:
     """Say that the event file cannot be written (once per session): a warning, since the
-    training itself is fine and must go on (and a user's own exception must not be replaced)."""
-    import warnings
+    training itself is fine and must go on (and a user's own exception must not be replaced).
+    Never raised, also where the warning filters make warnings errors (``python -W error``)."""
+    from ._text import say
 
     if isinstance(exc, OSError):  # the disk or the folder
         fix = "Free some space (or fix the folder) and start a new tk.session to record again"
     else:  # no file system's: trainkit's own failure
         fix = ("This is a trainkit bug: please report it with this message; a new tk.session "
                "records again")
-    warnings.warn(f"trainkit: writing the run to {path!r} failed ({type(exc).__name__}: {exc}); "
-                  f"{what}, the training goes on. {fix}", RuntimeWarning, stacklevel=2)
+    message = (f"trainkit: writing the run to {path!r} failed ({type(exc).__name__}: {exc}); "
+               f"{what}, the training goes on. {fix}")
+    # Never raised (say): made an error, it ended the writer thread (whose records then piled
+    # up for the rest of the run), came out of s.flush() and the SIGTERM handler into the
+    # training, and out of the close over the user's own exception.
+    say(message, RuntimeWarning, stacklevel=2)

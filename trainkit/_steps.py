@@ -122,8 +122,9 @@ def dropped(tag: str, exc: BaseException) -> None:
     if tag in _warned_tags:
         return
     _warned_tags.add(tag)
-    import warnings
+    from ._text import say
 
-    warnings.warn(f"trainkit: a value logged as {tag!r} could not be written "
-                  f"({type(exc).__name__}: {exc}); it is left out, everything else is written",
-                  RuntimeWarning, stacklevel=2)
+    # said, never raised: where warnings are errors, raised in the write it was taken for a
+    # failed one, and everything after it dropped
+    say(f"trainkit: a value logged as {tag!r} could not be written ({type(exc).__name__}: "
+        f"{exc}); it is left out, everything else is written", RuntimeWarning, stacklevel=2)

@@ -93,6 +93,29 @@ def user_stacklevel(*, past_torch: bool = False) -> int:
     return level
 
 
+def say(message: str, category: type, stacklevel: int = 2) -> None:
+    """``warnings.warn(message, category, stacklevel=stacklevel)`` for what must not stop the
+    training (a write that failed, a run folder made again): where the warning filters make it an
+    error (``python -W error``), it is shown, not raised. Raised, it ended the writer thread or
+    the write it was said in, or came out of the user's ``s.flush()``.
+
+    Example::
+
+        say("trainkit: ... the training goes on", RuntimeWarning)
+    """
+    import warnings
+
+    try:
+        warnings.warn(message, category, stacklevel=stacklevel + 1)
+    except Warning:  # made an error
+        try:
+            frame = sys._getframe(stacklevel)  # where warn() pointed
+            where = (frame.f_code.co_filename, frame.f_lineno)
+        except ValueError:  # the stack is not that deep: warn() points at sys too
+            where = ("sys", 1)
+        warnings.showwarning(message, category, *where)
+
+
 def show_over(said: Warning, exc: BaseException, frame: Any) -> None:
     """Show ``said``, a warning the filters made an error, raised while ``exc`` propagates from
     the user's ``frame`` (a ``with`` block's exit): the user's exception goes on, and the warning

@@ -210,10 +210,13 @@ def test_sigkill_loses_at_most_the_last_flush_secs(tmp_path):
     assert steps == list(range(1, len(steps) + 1))
 
 
-def test_a_full_disk_is_said_and_neither_replaces_the_users_exception_nor_fills_memory(tmp_path):
+@pytest.mark.parametrize("flags", [[], ["-W", "error"]], ids=["", "warnings-as-errors"])
+def test_a_full_disk_is_said_and_neither_replaces_the_users_exception_nor_fills_memory(tmp_path,
+                                                                                      flags):
     # The event file stops taking writes mid-run (RLIMIT_FSIZE stands in for a full disk).
     # The writer says so once, keeps emptying the buffer, and the user's own exception leaves
-    # the block unchanged (before, close() raised OSError over it).
+    # the block unchanged (before, close() raised OSError over it). Where warnings are errors
+    # (-W error), the warning raised in the writer thread ended it: the records piled up.
     script = """
 import resource, signal, sys, time, warnings
 import torch, trainkit as tk
@@ -234,12 +237,13 @@ try:
 except KeyError as e:
     print("propagated", repr(e), "context", repr(e.__context__), flush=True)
 """
-    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run")], env=child_env(),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, *flags, "-c", script, str(tmp_path / "run")],
+                          env=child_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout.split()
-    assert out[:2] == ["failed", "OSError"] and int(out[3]) < 300, proc.stdout
+    assert out[:2] == ["failed", "OSError"] and int(out[3]) < 300, (proc.stdout, proc.stderr)
     assert "propagated KeyError('users own') context None" in proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.count("RuntimeWarning: trainkit: writing the run to") == 1, proc.stderr
     assert "the training goes on" in proc.stderr
 

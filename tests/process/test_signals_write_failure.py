@@ -35,10 +35,13 @@ with tk.session(logdir=sys.argv[1], system_metrics=False, flush_secs=60) as s:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("flags", [[], ["-W", "error"]], ids=["", "warnings-as-errors"])
 @pytest.mark.parametrize("how, requested", [("flush", "[]"), ("sigterm", "[15]")])
 def test_a_write_failing_in_the_training_thread_is_said_and_the_training_goes_on(tmp_path, how,
-                                                                                 requested):
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "run"), how],
+                                                                                 requested, flags):
+    # Where warnings are errors (-W error), the warning itself came out of s.flush() and out
+    # of the SIGTERM handler: the training stopped after all.
+    proc = subprocess.run([sys.executable, *flags, "-c", SCRIPT, str(tmp_path / "run"), how],
                           env=child_env(), capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["trained", "200", "requested", requested, "failed",

@@ -175,7 +175,7 @@ class EventFileWriter:
         f = self._file
         if f is None or os.fstat(f.fileno()).st_nlink > 0:
             return
-        import warnings
+        from .._text import say
 
         old, self._file = self.path, None
         try:
@@ -183,9 +183,11 @@ class EventFileWriter:
         except OSError:  # what it held is gone with it
             pass
         self._open()
-        warnings.warn(f"trainkit: the event file {old!r} was deleted while the run went on (its "
-                      f"folder removed?); what it held is lost, what is recorded from now on "
-                      f"goes to {self.path!r}", RuntimeWarning, stacklevel=2)
+        # said, never raised: where warnings are errors, raised in the write it was taken for a
+        # failed one, and everything after it dropped
+        say(f"trainkit: the event file {old!r} was deleted while the run went on (its folder "
+            f"removed?); what it held is lost, what is recorded from now on goes to "
+            f"{self.path!r}", RuntimeWarning, stacklevel=2)
 
     def _write_event(self, event: Any) -> None:
         self._write_record(event.SerializeToString())
