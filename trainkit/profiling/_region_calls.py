@@ -36,8 +36,15 @@ def _check_decorated(name: str, fn: Any) -> None:
         raise TypeError(f"profile_region({name!r}) decorates a function, got the class "
                         f"{fn.__qualname__}: it would become a function timing only its "
                         f"construction; decorate the method to time (e.g. its forward), or {fix}")
+    if isinstance(fn, (property, functools.cached_property)):
+        # Written above @property: a property is no callable; its getter is.
+        raise TypeError(f"profile_region({name!r}) decorates a function, got the "
+                        f"{type(fn).__name__} {_getter_name(fn)!r}: put it below "
+                        f"@{type(fn).__name__}, right above the def, to time the getter")
     if not callable(fn):
-        raise TypeError(f"profile_region({name!r}) decorates a function, got {fn!r}")
+        raise TypeError(f"profile_region({name!r}) decorates a function, got {fn!r}: put it "
+                        f"right above a def, e.g. @tk.profile_region({name!r}) above def "
+                        f"train_step(batch): ..., or {fix}")
     torch = sys.modules.get("torch")  # a model exists only once torch is imported
     if torch is not None and isinstance(fn, torch.nn.Module):
         raise TypeError(f"profile_region({name!r}) decorates a function, got the model "
@@ -49,6 +56,12 @@ def _check_decorated(name: str, fn: Any) -> None:
         raise TypeError(f"profile_region({name!r}) decorates a plain function, got the async "
                         f"function {getattr(fn, '__qualname__', fn)!r}: a call only creates its "
                         f"coroutine, so nothing of its work would be timed; {fix}")
+
+
+def _getter_name(prop: Any) -> str:
+    """The name of a property's getter (``cached_property`` keeps it as ``func``)."""
+    getter = getattr(prop, "fget", None) or getattr(prop, "func", None)
+    return str(getattr(getter, "__qualname__", "?"))
 
 
 def _timed_generator(name: str, fn: F, region_of: Callable[[str], Any]) -> F:
