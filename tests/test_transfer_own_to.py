@@ -199,6 +199,22 @@ def test_deques_userlists_and_namespaces_are_moved_keeping_their_type(tmp_path):
     assert nbytes == [(2 + 3 + 4 + 5 + 1) * 4]
 
 
+def test_sets_of_tensors_are_moved_keeping_their_type(tmp_path):
+    # A set or frozenset (tensors hash by identity) came back as it was, its tensors on the host.
+    class Tags(frozenset):
+        pass
+
+    a, b, c = torch.ones(2), torch.ones(3), torch.ones(4)
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        got, frozen, tagged = tk.to_device(({a, b}, frozenset([c]), Tags([a, "x"])), "meta")
+        nbytes = _bytes(s)
+    assert type(got) is set and sorted(t.numel() for t in got) == [2, 3]
+    assert {t.device.type for t in got} == {"meta"}
+    assert type(frozen) is frozenset and next(iter(frozen)).device.type == "meta"
+    assert type(tagged) is Tags and "x" in tagged
+    assert [t.device.type for t in tagged if isinstance(t, torch.Tensor)] == ["meta"]
+    assert nbytes == [(2 + 3 + 4) * 4]  # a met twice: copied once
+
 def test_what_a_batch_holds_besides_its_fields_is_not_walked_on_every_copy(tmp_path):
     # A batch object holding its dataset (a list of 200,000 tensors) and its model: the walk
     # that finds the bytes its .to() moved went through all of them, ~1 s a call.

@@ -166,6 +166,8 @@ def _walk(obj: Any, device: Any, non_blocking: Optional[bool], acc: Optional[lis
             return values
     if isinstance(obj, (int, float, complex, str, bytes, type(None))):
         return obj  # the usual leaves, before hasattr(cls, ...), which dynamo (torch 2.3) fails on
+    if isinstance(obj, (set, frozenset)):  # tensors hash by identity: a set may hold them
+        return _walk_stdlib(obj, device, non_blocking, acc, moved)  # returned unmoved before
     cls = type(obj)
     if isinstance(obj, type):
         return obj  # a class (a dataclass itself, a tensor type) is no batch
@@ -206,8 +208,14 @@ def _copy_traced(obj: Any, here: Any, device: Any, non_blocking: Optional[bool],
 
 def _walk_stdlib(obj: Any, device: Any, non_blocking: Optional[bool], acc: Optional[list],
                  moved: Any) -> Any:
-    """A deque (its ``maxlen`` kept), a ``UserList`` or a ``SimpleNamespace``, as a copy that
-    keeps its type and attributes, with its items moved."""
+    """A deque (its ``maxlen`` kept), a ``UserList``, a ``SimpleNamespace`` or a set, as a copy
+    that keeps its type and attributes, with its items moved."""
+    if isinstance(obj, (set, frozenset)):
+        items = [_walk(v, device, non_blocking, acc, moved) for v in obj]
+        try:
+            return type(obj)(items)
+        except Exception:  # a subclass built otherwise: its items as a set (or frozenset)
+            return (frozenset if isinstance(obj, frozenset) else set)(items)
     if isinstance(obj, collections.deque):
         items = [_walk(v, device, non_blocking, acc, moved) for v in obj]
         try:
@@ -289,10 +297,10 @@ def _slot_names(klass: type) -> List[str]:
 
 def to_device(obj: Any, device: Any, *, non_blocking: Optional[bool] = None) -> Any:
     """Move every tensor in ``obj`` (nested tuples, namedtuples, lists, dicts and other
-    mappings, deques, ``UserList``s, ``SimpleNamespace``s and dataclasses, whose type is kept; a
-    ``PackedSequence`` as its ``.to`` does; any other object with a ``.to()`` of its own, a
-    PyTorch Geometric graph or a TensorDict, through that) to ``device``. A tensor found twice is
-    copied once, and both places get that copy.
+    mappings, deques, ``UserList``s, ``SimpleNamespace``s, sets and dataclasses, whose type is
+    kept; a ``PackedSequence`` as its ``.to`` does; any other object with a ``.to()`` of its
+    own, a PyTorch Geometric graph or a TensorDict, through that) to ``device``. A tensor found
+    twice is copied once, and both places get that copy.
 
     Records the bytes moved, the copy time (``trainkit/h2d_ms``; CUDA events on a GPU, since an
     asynchronous copy returns at once), the bandwidth (``trainkit/h2d_GBps``) and the pinned share.
