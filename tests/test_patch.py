@@ -340,6 +340,24 @@ def test_a_custom_optimizers_positional_argument_that_is_no_closure_is_passed_on
         opt.step(0.5)
 
 
+def test_a_custom_optimizers_model_argument_is_passed_on_not_taken_for_a_closure(tmp_path):
+    class ModelAware(torch.optim.SGD):
+        def step(self, model=None):  # e.g. an optimizer that reads the model's layers
+            self.layers = len(list(model.children()))
+            return super().step()
+
+    model = mlp()
+    opt = tk.patch(ModelAware(model.parameters(), lr=0.1))
+    x, y = next(iter(loader()))
+    with tk.session(logdir=tmp_path, system_metrics=False):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step(model)  # before: a timed closure, and the step got a function
+        with tk.accumulate(1, opt):
+            opt.step(model)  # before: the gate ran the model as a closure, with no input
+    assert opt.layers == 3
+    got = scalars(tmp_path)
+    assert len(got["trainkit/update_ms"]) == 2 and "trainkit/closure_ms" not in got
+
 def test_a_malformed_techniques_variable_leaves_the_optimizer_unpatched(monkeypatch):
     opt = torch.optim.SGD(mlp().parameters(), lr=0.1)
     monkeypatch.setenv("TRAINKIT_TECHNIQUES", "{not json")

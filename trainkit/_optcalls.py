@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import types
 import weakref
 from typing import Any, Callable, Optional, Tuple
@@ -144,9 +145,14 @@ def step_signature(saved: Tuple[Any, bool]) -> Optional[inspect.Signature]:
 
 def closure_of(args: Any, kwargs: Any) -> Any:
     """The closure a ``step(...)`` call passes, or None (a custom optimizer's first positional
-    argument may be something else, e.g. the loss: it is passed on untouched)."""
+    argument may be something else, e.g. the loss, or the model it reads: it is passed on
+    untouched). A model is callable, but no closure: wrapped in a timed one, the step that read
+    it (``model.parameters()``) got a function."""
     closure = kwargs.get("closure", args[0] if args else None)
-    return closure if callable(closure) else None
+    if not callable(closure):
+        return None
+    torch = sys.modules.get("torch")  # a model exists only once torch is imported
+    return None if torch is not None and isinstance(closure, torch.nn.Module) else closure
 
 
 def run_closure(closure: Callable[[], Any], s: Any) -> Any:
