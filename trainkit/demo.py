@@ -191,7 +191,8 @@ def run(config: DemoConfig) -> DemoResult:
         criterion = torch.nn.CrossEntropyLoss()
         logdir = config.logdir or default_logdir()
         # The session writes <logdir>, or <logdir>/rank<N> under torchrun; the event files there
-        # now are earlier runs', and the one file new after the session is this run's.
+        # now are earlier runs', and the files new after the session that this process wrote
+        # are this run's (another run may write into the same folder meanwhile).
         earlier = _event_files(logdir if ranks is None else os.path.join(logdir, f"rank{rank}"))
         loss = None  # no step at all when max_seconds ends the run before the first one
         stopped = False
@@ -237,7 +238,7 @@ def run(config: DemoConfig) -> DemoResult:
                         stopped = ranks.any(stopped)
                 if stopped:  # the epochs left would each evaluate the same model again
                     break
-        step_ms, waits, samples = _read_back(s.logdir, sorted(_event_files(s.logdir) - earlier))
+        step_ms, waits, samples = _read_back(s.logdir, _own(_event_files(s.logdir) - earlier))
         median = statistics.median(step_ms) if step_ms else float("nan")
         total = sum(step_ms)
         result = DemoResult(
@@ -288,6 +289,17 @@ def _event_files(folder: str) -> "set[str]":
         return {f for f in os.listdir(folder) if EVENTS_MARK in f}
     except OSError:
         return set()
+
+
+def _own(names: "set[str]") -> List[str]:
+    """Of ``names``, the event files this process wrote, in name order: TensorBoard's file names,
+    ``events.out.tfevents.<time>.<host>.<pid>.<n>``, say the host and process that wrote them,
+    so a run another process writes into the same folder at the same time (a second ``trainkit
+    demo --logdir`` of that folder) is not counted as this one's steps."""
+    import socket
+
+    mine = f".{socket.gethostname()}.{os.getpid()}."
+    return sorted(name for name in names if mine in name)
 
 
 def _read_back(folder: str, names: List[str]) -> "tuple[List[float], List[float], List[float]]":
