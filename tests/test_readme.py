@@ -79,3 +79,20 @@ def test_the_tab_breakdown_takes_the_regions_the_readme_names(tmp_path):
     named, other = (TabData(str(tmp_path)).report(r)["breakdown"] for r in ("named", "other"))
     assert named["forward"] > 0 and named["backward"] > 0
     assert other["forward"] == other["backward"] == 0 and other["other"] > 0
+
+
+def test_the_demo_step_counts_the_readme_gives_are_the_default_demos():
+    """The README said the demo's summary says 32 steps and its tab heading "mean of 31 of the
+    32 timed steps": the default demo makes 200 (2 epochs of 6,400 images in batches of 64), and
+    times each of them, the first from the loader's first wait."""
+    import math
+
+    from trainkit.demo import DemoConfig
+
+    text = " ".join(_read("README.md").split())
+    got = re.search(r'"mean of (\d+) of the (\d+) timed steps: the first \(warm-up\) left out" for '
+                    r"the demo, whose summary says (\d+) steps", text)
+    assert got, "the README gives the demo's tab heading and step count"
+    config = DemoConfig()
+    steps = config.epochs * math.ceil(config.train_size / config.batch_size)
+    assert tuple(int(n) for n in got.groups()) == (steps - 1, steps, steps)
