@@ -35,7 +35,9 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop training after this long (default: 50)")
     p.add_argument("--batch-size", type=int, default=64,
                    help="batch size (default: 64; under torchrun, each rank's)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress (else a bar on a terminal; into a file or a pipe, a line "
+                        "each epoch and every 10 s)")
 
 
 def _demo_run(args: argparse.Namespace) -> int:

@@ -317,28 +317,11 @@ def _read_back(folder: str, names: List[str]) -> "tuple[List[float], List[float]
             values("trainkit/samples_per_s"))
 
 
-class _NoBar:
-    def add_task(self, *a: Any, **k: Any) -> int:
-        return 0
-
-    def advance(self, *a: Any, **k: Any) -> None:
-        pass
-
-    def __enter__(self) -> "_NoBar":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        pass
-
-
 def _progress(config: DemoConfig, rank: int = 0) -> Any:
-    if not config.progress or rank != 0:  # under torchrun, one bar: rank 0's
-        return _NoBar()
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from ._demo_progress import progress
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+    # under torchrun, one bar: rank 0's
+    return progress(config.progress and rank == 0, config.epochs)
 
 
 def _to_open(logdir: str) -> str:
