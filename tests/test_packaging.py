@@ -31,6 +31,9 @@ def test_the_sdist_holds_every_file_of_the_checkout(tmp_path):
     for name in files:
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(os.path.join(REPO, name), src / name)
+    # what benchmarks/gpu.sh downloads for the GPU machine (git-ignored) is no source
+    (src / "benchmarks" / "wheels").mkdir()
+    (src / "benchmarks" / "wheels" / "torch-2.11.0-cp312-linux_x86_64.whl").write_bytes(b"x")
     subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "dist")],
                    cwd=src, check=True, capture_output=True, timeout=300)
     (sdist,) = (tmp_path / "dist").glob("trainkit-*.tar.gz")
@@ -39,3 +42,4 @@ def test_the_sdist_holds_every_file_of_the_checkout(tmp_path):
     left_out = sorted(set(files) - names - {".gitignore"})
     assert not left_out, f"tracked files missing from the sdist: {left_out}"
     assert not [n for n in names if n.endswith((".so", ".pyc"))]  # built files stay out
+    assert not [n for n in names if n.startswith("benchmarks/wheels")]
