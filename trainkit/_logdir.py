@@ -28,20 +28,27 @@ def process_rank() -> Optional[int]:
     return None
 
 
-def warn_ranks_mixed(root: str, stacklevel: int = 1) -> None:
-    """Warn where a process group of several ranks began after a session that writes into
-    ``root``: every rank writes there (``mp.spawn`` sets no RANK to tell them by)."""
-    import warnings
-
+def ranks_mixed(root: str) -> Optional[str]:
+    """What to say where a process group of several ranks began after a session that writes into
+    ``root`` (every rank writes there: ``mp.spawn`` sets no RANK to tell them by), or None."""
     rank = process_rank()
     if rank is None:
-        return
-    warnings.warn(
-        f"trainkit: tk.session began before torch.distributed.init_process_group, and no RANK "
-        f"was set (torch.multiprocessing.spawn sets none), so this rank ({rank}) and the others "
-        f"write into one folder, {root!r}, their steps mixed in one TensorBoard run; open "
-        f"tk.session after init_process_group (each rank then writes <logdir>/rank<N>), or "
-        f"launch with torchrun", RuntimeWarning, stacklevel=stacklevel)
+        return None
+    return (f"trainkit: tk.session began before torch.distributed.init_process_group, and no RANK "
+            f"was set (torch.multiprocessing.spawn sets none), so this rank ({rank}) and the "
+            f"others write into one folder, {root!r}, their steps mixed in one TensorBoard run; "
+            f"open tk.session after init_process_group (each rank then writes <logdir>/rank<N>), "
+            f"or launch with torchrun")
+
+
+def warn_ranks_mixed(root: str) -> None:
+    """Say :func:`ranks_mixed`, from the writer thread (at its first wake after a step): shown,
+    never raised, where warnings are errors (raised there, the writer's check ate it unsaid)."""
+    from ._text import say
+
+    said = ranks_mixed(root)
+    if said is not None:
+        say(said, RuntimeWarning)
 
 
 def run_start_time() -> datetime.datetime:

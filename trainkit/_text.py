@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, TextIO
+from typing import Any, List, Optional, TextIO, Tuple
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -114,6 +114,36 @@ def say(message: str, category: type, stacklevel: int = 2) -> None:
         except ValueError:  # the stack is not that deep: warn() points at sys too
             where = ("sys", 1)
         warnings.showwarning(message, category, *where)
+
+
+def say_all(said: List[Tuple[Optional[str], type]], stacklevel: int = 2) -> None:
+    """``warnings.warn`` each ``(message, category)`` of ``said`` in turn (a None message: none),
+    once the work they report on is done (a session's close: threads stopped, files closed,
+    handlers restored).
+    Where the warning filters make them errors (``python -W error``), the first is raised, after
+    every later one is shown (:func:`say`): raised as it came, it skipped the rest unsaid.
+
+    Example::
+
+        said.append((message, RuntimeWarning))
+        ...  # the rest of the close
+        say_all(said, stacklevel=user_stacklevel())
+    """
+    import warnings
+
+    first: Optional[Warning] = None
+    for message, category in said:
+        if message is None:
+            continue
+        if first is not None:
+            say(message, category, stacklevel=stacklevel + 1)
+            continue
+        try:
+            warnings.warn(message, category, stacklevel=stacklevel + 1)
+        except Warning as exc:  # made an error: raised once the others are shown
+            first = exc
+    if first is not None:
+        raise first
 
 
 def show_over(said: Warning, exc: BaseException, frame: Any) -> None:

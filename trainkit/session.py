@@ -15,16 +15,15 @@ import numbers
 import os
 import sys
 import threading
-import warnings
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import _compiled, _signals, _unstepped, timing
 from ._logdir import (check_logdir as _check_logdir, default_logdir as _default_logdir, process_rank,
-                      warn_ranks_mixed)
+                      ranks_mixed, warn_ranks_mixed)
 from ._logvalues import ClosedBuffer, check_log_name, to_scalar
 from ._session_args import MAX_STEP, check_session_args
 from ._session_steps import StepCounter
-from ._text import brief, show_over, user_stacklevel
+from ._text import brief, say, say_all, show_over, user_stacklevel
 from .profiling.schedule import check_session_profile
 from .recorder import Recorder
 
@@ -197,6 +196,8 @@ class Session(StepCounter):
             return
         if self._closed:
             return
+        # What the close warns of: said once all of it is done (raised mid-way, see say_all)
+        said: List[Tuple[Optional[str], type]] = []
         try:
             # A second Ctrl-C (or a SIGTERM) acts once all is written. Marked closed only once
             # they are held: one that came between the two left the session closed, inactive
@@ -209,12 +210,12 @@ class Session(StepCounter):
                     self.end_batch_step(timing.now())  # a pass over a patched loader under way
                     if self._profiler is not None:
                         try:
-                            self._profiler.close()  # writes the cycle under way
-                        except Exception as exc:  # its folder deleted, a full disk: said, not
-                            warnings.warn(  # raised over the user's own error
-                                f"trainkit: the profiler's last trace could not be written to "
+                            self._profiler.close(said)  # writes the cycle under way
+                        except Exception as exc:  # its folder deleted, a full disk: a write
+                            say(f"trainkit: the profiler's last trace could not be written to "
                                 f"{self.logdir!r} ({type(exc).__name__}: {exc}); everything "
-                                f"else recorded is written", RuntimeWarning, stacklevel=3)
+                                f"else recorded is written", RuntimeWarning,  # that failed:
+                                user_stacklevel())  # shown, never raised
                 finally:
                     try:
                         for undo in reversed(self._on_close):
@@ -231,17 +232,16 @@ class Session(StepCounter):
         finally:
             _signals.release()
         # Counts only when no step ended: the step in progress is still the session's first.
-        said = _unstepped.message(self._recorder.unstepped, self.step,
-                                  batches=self._last_step_end is not None,  # none stepped: batches
-                                  waiting=self._waiting_optimizers)
-        if said is not None:
-            warnings.warn(said, RuntimeWarning, stacklevel=user_stacklevel())
+        said.append((_unstepped.message(self._recorder.unstepped, self.step,
+                                        batches=self._last_step_end is not None,  # none stepped
+                                        waiting=self._waiting_optimizers), RuntimeWarning))
         if self._recorder.once is not None:  # the writer never woke after a step
             self._recorder.once = None
-            warn_ranks_mixed(self.root, stacklevel=user_stacklevel())
-        from .switches import warn_unread
+            said.append((ranks_mixed(self.root), RuntimeWarning))
+        from .switches import unread
 
-        warn_unread(self)  # TRAINKIT_TECHNIQUES names nothing asked for: a misspelling?
+        said.append((unread(self), RuntimeWarning))  # TRAINKIT_TECHNIQUES misspelled?
+        say_all(said, stacklevel=user_stacklevel())
 
     def _record_optimizers(self) -> None:
         """The optimizers patched at the end, and whether each stepped here (for TA110)."""

@@ -95,29 +95,25 @@ def check_overrides() -> None:
     _env_overrides()
 
 
-def warn_unread(s: Any) -> None:
-    """At session ``s``'s close: say the ``TRAINKIT_TECHNIQUES`` names of no built-in technique
-    that nothing asked for (no ``tk.technique(name, ...)`` call, in the session or before it), a
-    misspelling (``{"fuse": true}``) or a technique the script never reads: they were ignored
-    unsaid."""
+def unread(s: Any) -> Optional[str]:
+    """What to say at session ``s``'s close of the ``TRAINKIT_TECHNIQUES`` names of no built-in
+    technique that nothing asked for (no ``tk.technique(name, ...)`` call, in the session or
+    before it), a misspelling (``{"fuse": true}``) or a technique the script never reads: they
+    were ignored unsaid. None where there are none."""
     import difflib
-    import warnings
-
-    from ._text import user_stacklevel
 
     try:
         env = _env_overrides()
     except ValueError:  # refused at the session's start already
-        return
-    unread = [n for n in env if n not in BUILTIN and n not in s.techniques and n not in _env_read]
-    if not unread:
-        return
-    near = difflib.get_close_matches(unread[0].lower(), BUILTIN, n=1, cutoff=0.6)
+        return None
+    names = [n for n in env if n not in BUILTIN and n not in s.techniques and n not in _env_read]
+    if not names:
+        return None
+    near = difflib.get_close_matches(names[0].lower(), BUILTIN, n=1, cutoff=0.6)
     hint = f" (did you mean {near[0]!r}?)" if near else ""
-    warnings.warn(f"trainkit: {_env.TECHNIQUES} sets {', '.join(map(repr, unread))}, which "
-                  f"nothing asked for in this session (no tk.technique({unread[0]!r}, ...) "
-                  f"call){hint}, so it changed nothing; the built-in techniques are "
-                  f"{', '.join(BUILTIN)}", RuntimeWarning, stacklevel=user_stacklevel())
+    return (f"trainkit: {_env.TECHNIQUES} sets {', '.join(map(repr, names))}, which nothing "
+            f"asked for in this session (no tk.technique({names[0]!r}, ...) call){hint}, so it "
+            f"changed nothing; the built-in techniques are {', '.join(BUILTIN)}")
 
 
 def technique(name: str, default: Any) -> Any:

@@ -40,9 +40,9 @@ import os
 import socket
 import sys
 import warnings
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .._text import user_stacklevel
+from .._text import say, user_stacklevel
 from .regions import profiler_check, profiler_enabled
 from .tracestats import AFTER_LAST_STEP, SESSION_FILE, STEP_OFFSET, STEP_PREFIX, TRACE_META
 
@@ -90,6 +90,13 @@ def _warn(message: str) -> None:
     """A UserWarning pointing at the first line outside trainkit and torch (the user's step or
     ``with``; the profiler calls its trace handler from its own step)."""
     warnings.warn(message, UserWarning, stacklevel=user_stacklevel(past_torch=True))
+
+
+def _say(message: str) -> None:
+    """:func:`_warn` for what trainkit's tracing goes on without (a trace not written, traces
+    given up for the user's profiler): shown, never raised, where warnings are errors (``python
+    -W error``). Raised inside ``optimizer.step()``, it stopped the training."""
+    say(message, UserWarning, stacklevel=user_stacklevel(past_torch=True))
 
 
 _profile_class: Any = None
@@ -198,6 +205,8 @@ class Tracer:
             preset(TRACE_META, json.dumps(meta, ensure_ascii=False))
         self._prof.__enter__()
         self._closed = False
+        #: while close(said) runs: where its warnings go, for the session to give at its end
+        self._said: Optional[List[Tuple[Optional[str], type]]] = None
 
     def _writer(self, worker: str) -> Callable[[Any], None]:
         from torch.profiler import tensorboard_trace_handler
@@ -213,9 +222,9 @@ class Tracer:
                 after = set(os.listdir(self.logdir))
             except Exception as exc:
                 self._unwritten += 1
-                _warn(f"trainkit: a profiler trace of step {self._step} could not be written to "
-                      f"{self.logdir!r} ({type(exc).__name__}: {exc}); the training goes on, "
-                      f"and the next cycle is tried again. Fix the folder (or free some space)")
+                _say(f"trainkit: a profiler trace of step {self._step} could not be written to "
+                     f"{self.logdir!r} ({type(exc).__name__}: {exc}); the training goes on, "
+                     f"and the next cycle is tried again. Fix the folder (or free some space)")
                 return
             written = sorted(os.path.join(self.logdir, f) for f in after - before if is_trace(f))
             if self._tail is not None:
@@ -249,17 +258,37 @@ class Tracer:
         # Our profiler is idle or only prepared: leave it without __exit__, whose stop (and, from
         # warmup, start) would end the user's recording.
         self._prof = None
-        _warn(
+        _say(
             f"trainkit: a torch profiler you started is recording {when}, where "
             f"tk.session(profile={self.schedule!r}) would start its own; torch runs one at a "
             f"time, so trainkit writes no more traces in this session to keep yours "
             f"({len(self.traces)} written). Drop profile= when you profile yourself")
 
-    def close(self) -> None:
-        """Stop the profiler; a cycle still recording is written. Idempotent."""
+    def close(self, said: Optional[List[Tuple[Optional[str], type]]] = None) -> None:
+        """Stop the profiler; a cycle still recording is written. Idempotent.
+
+        Args:
+            said: where given, the close's warnings (``(message, category)``) go there, for the
+                session to give once its own close is done (raised here where warnings are
+                errors, one ended the session's close half-way); a failed write is shown.
+        """
         if self._closed:
             return
         self._closed = True
+        self._said = said
+        try:
+            self._close()
+        finally:
+            self._said = None
+
+    def _tell(self, message: str) -> None:
+        """Warn of ``message``, or hold it in the ``said`` of :meth:`close`."""
+        if self._said is not None:
+            self._said.append((message, UserWarning))
+        else:
+            warnings.warn(message, UserWarning, stacklevel=user_stacklevel(past_torch=True))
+
+    def _close(self) -> None:
         prof = self._prof
         if prof is None:
             return
@@ -274,7 +303,7 @@ class Tracer:
             self._tail = f"{STEP_PREFIX}{prof.step_num}"
         prof.__exit__(None, None, None)
         if not self.traces and sys.exc_info()[0] is None:  # an exception says enough on its own
-            _warn(self._why_no_trace())
+            self._tell(self._why_no_trace())
 
     def _rename_tail(self, path: str, tail: str) -> None:
         """Rename the range ``tail`` in the trace at ``path`` to :data:`AFTER_LAST_STEP`, and say
@@ -297,17 +326,17 @@ class Tracer:
             with opener(tmp, "wt", encoding="utf-8") as fh:
                 json.dump(data, fh)
             os.replace(tmp, path)
-        except (OSError, ValueError, EOFError) as exc:
-            _warn(f"trainkit: the work after the last step could not be told apart in the trace "
-                  f"{path!r} ({type(exc).__name__}: {exc}): its last ProfilerStep ({tail}) is "
-                  f"no training step but what ran after the session's last one")
+        except (OSError, ValueError, EOFError) as exc:  # a write that failed: shown
+            _say(f"trainkit: the work after the last step could not be told apart in the trace "
+                 f"{path!r} ({type(exc).__name__}: {exc}): its last ProfilerStep ({tail}) is "
+                 f"no training step but what ran after the session's last one")
             return
         if not left:
-            _warn(f"trainkit: the last trace, {os.path.basename(path)!r}, holds no training "
-                  f"step: the session closed after step {self._step}, before the first profiled "
-                  f"step of the cycle it had started, so the trace holds only what ran after "
-                  f"that step (named {AFTER_LAST_STEP!r}). To profile the end of training, end "
-                  f"the loop inside a cycle, e.g. one step more or fewer")
+            self._tell(f"trainkit: the last trace, {os.path.basename(path)!r}, holds no "
+                       f"training step: the session closed after step {self._step}, before the "
+                       f"first profiled step of the cycle it had started, so the trace holds only "
+                       f"what ran after that step (named {AFTER_LAST_STEP!r}). To profile the end "
+                       f"of training, end the loop inside a cycle, e.g. one step more or fewer")
 
     def _why_no_trace(self) -> str:
         s = self.schedule
