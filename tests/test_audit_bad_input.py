@@ -246,6 +246,10 @@ def test_compiled_step_refuses_a_non_callable():
     (("loss", "high"), {}, TypeError, "'high'"),
     (("loss", torch.ones(3)), {}, ValueError, "shape (3,)"),
     (("loss", 1.0), dict(step=-2), ValueError, "step=-2"),
+    # torch's own "Tensor.item() cannot be called on meta tensors" before, for a name logged
+    # before (the fast path) and a new one
+    (("loss", torch.empty((), device="meta")), {}, ValueError, "device='meta'"),
+    (("new", torch.empty((), device="meta")), {}, ValueError, "a meta tensor holds no value"),
 ])
 def test_refused_log_keeps_the_records_and_the_session(tmp_path, args, kwargs, exc, shown):
     with tk.session(logdir=str(tmp_path), system_metrics=False) as s:

@@ -48,6 +48,11 @@ def to_scalar(name: str, value: Any) -> Any:
                             f"can draw; log its real part or magnitude, e.g. s.log({name!r}, t.abs())")
         if value.is_cuda:
             return timing.pending_copy(value)  # no sync here, nor in the writer
+        if value.is_meta:  # item() raised torch's "cannot be called on meta tensors"
+            raise ValueError(f"log({name!r}, {brief(value)}): a meta tensor holds no value, "
+                             f"only a shape and dtype (a model made on the 'meta' device "
+                             f"computes none); log a value computed on a real device, e.g. "
+                             f"after model.to_empty(device='cpu') and loading its weights")
         # On the CPU this is a read, not a device sync; reading now (rather than keeping the
         # tensor) also frees the autograd graph the loss still holds.
         return value.item()
