@@ -29,11 +29,12 @@ def _opt(patched: bool = False):
 @pytest.mark.parametrize("kwargs, exc, fix", [
     (dict(log_every=0), ValueError, "log_every=50"),
     (dict(flush_secs=-1), ValueError, "flush_secs=2"),
-    (dict(flush_secs="2"), ValueError, "flush_secs=2"),
+    (dict(flush_secs="2"), TypeError, "flush_secs=2"),
     (dict(profile=3), TypeError, "tk.ProfileSchedule("),
     (dict(steps_done=-1), ValueError, "steps_done=checkpoint"),
-    (dict(steps_done=1.5), ValueError, "steps_done=checkpoint"),
-    (dict(steps_done=True), ValueError, "steps_done=checkpoint"),
+    (dict(steps_done=1.5), TypeError, "steps_done=checkpoint"),
+    (dict(steps_done=True), TypeError, "steps_done=checkpoint"),
+    (dict(log_every="5"), TypeError, "log_every=50"),
     (dict(system_metrics="yes"), TypeError, "system_metrics=False"),
 ])
 def test_session_refuses_bad_options_before_any_state(tmp_path, monkeypatch, kwargs, exc, fix):
@@ -246,6 +247,8 @@ def test_compiled_step_refuses_a_non_callable():
     (("loss", "high"), {}, TypeError, "'high'"),
     (("loss", torch.ones(3)), {}, ValueError, "shape (3,)"),
     (("loss", 1.0), dict(step=-2), ValueError, "step=-2"),
+    (("loss", 1.0), dict(step="3"), TypeError, "step='3'"),  # a ValueError before
+    (("loss", 1.0), dict(step=2.0), TypeError, "not float"),
     # torch's own "Tensor.item() cannot be called on meta tensors" before, for a name logged
     # before (the fast path) and a new one
     (("loss", torch.empty((), device="meta")), {}, ValueError, "device='meta'"),

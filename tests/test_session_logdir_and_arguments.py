@@ -155,9 +155,15 @@ def test_logdir_that_cannot_be_created_is_refused(tmp_path):
     ({"system_metrics": "yes"}, TypeError, "system_metrics='yes'"),
     ({"profile": {"wait": 1}}, TypeError, "ProfileSchedule"),
     ({"steps_done": -1}, ValueError, r"steps_done=-1\): .*steps_done=checkpoint\['step'\]"),
-    ({"steps_done": True}, ValueError, "steps_done=True"),
-    ({"steps_done": 12.0}, ValueError, "steps_done=12.0"),
-    ({"steps_done": "12"}, ValueError, "steps_done='12'"),
+    # the wrong type is a TypeError (these were ValueErrors)
+    ({"steps_done": True}, TypeError, "steps_done=True"),
+    ({"steps_done": 12.0}, TypeError, r"steps_done=12.0\): must be an int, not float"),
+    ({"steps_done": "12"}, TypeError, "steps_done='12'"),
+    ({"flush_secs": "2"}, TypeError, r"flush_secs='2'\): .*not str, e.g. flush_secs=2"),
+    ({"flush_secs": True}, TypeError, "flush_secs=True"),
+    ({"log_every": "5"}, TypeError, r"log_every='5'\): .*not str, e.g. log_every=50"),
+    ({"log_every": 1.5}, TypeError, "log_every=1.5"),
+    ({"log_every": True}, TypeError, "log_every=True"),
 ])
 def test_bad_session_arguments(tmp_path, kwargs, exc, text):
     kwargs.setdefault("logdir", tmp_path / "run")

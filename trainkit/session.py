@@ -21,9 +21,9 @@ from . import _compiled, _signals, _unstepped, timing
 from ._logdir import (check_logdir as _check_logdir, default_logdir as _default_logdir, process_rank,
                       ranks_mixed, warn_ranks_mixed)
 from ._logvalues import ClosedBuffer, check_log_name, to_scalar
-from ._session_args import MAX_STEP, check_session_args
+from ._session_args import MAX_STEP, bad_log_step, check_session_args
 from ._session_steps import StepCounter
-from ._text import brief, say, say_all, show_over, user_stacklevel
+from ._text import say, say_all, show_over, user_stacklevel
 from .profiling.schedule import check_session_profile
 from .recorder import Recorder
 
@@ -177,9 +177,7 @@ class Session(StepCounter):
             step = self.step if self._batch_step is None else self._batch_step
         elif isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0 \
                 or step > MAX_STEP:  # past int64, the event file's step wrapped (2**64 + 5 -> 5)
-            raise ValueError(f"log(step={brief(step)}): step must be a non-negative int up to "
-                             f"2**63 - 1 (TensorBoard's int64), or None (None files it under the "
-                             f"current optimizer step)")
+            raise bad_log_step(step)
         else:
             step = int(step)  # a numpy integer too
         if type(value) is float:
