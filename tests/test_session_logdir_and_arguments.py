@@ -98,6 +98,25 @@ def test_a_logdir_under_the_home_folder_is_expanded(tmp_path, monkeypatch):
     assert os.listdir(work) == []
 
 
+@pytest.mark.parametrize("logdir", ["~nouser-trainkit/x", "~nouser-trainkit"])
+def test_a_home_folder_of_no_user_is_refused_before_anything_is_made(tmp_path, monkeypatch,
+                                                                     logdir):
+    """os.path.expanduser leaves "~nouser/x" as it is where there is no user "nouser": the
+    session made a folder named "~nouser-trainkit" in the working folder (which a later
+    `rm -rf ~nouser...` typed to clean it up reads as a home folder)."""
+    import pwd
+
+    with pytest.raises(KeyError):
+        pwd.getpwnam("nouser-trainkit")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as info:
+        tk.session(logdir=logdir)
+    said = str(info.value)
+    assert said.startswith(f"session(logdir={logdir!r}): there is no user 'nouser-trainkit'")
+    assert f"logdir='./{logdir}' for a folder of that name here" in said
+    assert os.listdir(tmp_path) == [] and tk.active() is None
+
+
 def test_ranks_started_seconds_apart_pick_one_default_logdir(tmp_path):
     # Under torchrun every rank writes <logdir>/rank<N> of one logdir: without logdir=, the
     # folder's time is the launcher's (here this process, the parent of both), not the rank's.

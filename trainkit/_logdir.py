@@ -147,6 +147,13 @@ def check_logdir(logdir: Any, *, option: Optional[str] = None) -> str:
     if not path:
         example = said("runs/exp1") if option else "tk.session(logdir='runs/exp1')"
         raise ValueError(f"{lead}: logdir must not be empty, e.g. {example}")
+    if path.startswith("~"):  # expanduser left it: no such user (or no home folder known)
+        head, _, rest = path.partition("/")
+        whose = f"no user {head[1:]!r}" if len(head) > 1 else "no home folder (HOME is unset)"
+        full = os.path.join("/home", head[1:] or "me", rest) if rest else f"/home/{head[1:]}"
+        raise ValueError(f"{lead}: there is {whose} for {head!r} to stand for, and a folder named "
+                         f"{head!r} would be made here; give the folder in full, e.g. "
+                         f"{said(full)}, or {said('./' + path)} for a folder of that name here")
     if "\0" in path:
         raise ValueError(f"{lead}: a path cannot hold a NUL character ('\\0'); "
                          f"pass a folder name without one, e.g. {said('runs/exp1')}")

@@ -369,8 +369,9 @@ def session(logdir: Optional[Union[str, "os.PathLike[str]"]] = None, *, profile:
     """Start recording into ``logdir`` (TensorBoard layout; created if missing).
 
     Args:
-        logdir: the run's folder (``~`` is the home folder); ``None`` gives a new
-            ``runs/<date>_<host>`` (``-2``... after it for runs started in the same second).
+        logdir: the run's folder (``~`` is the home folder, ``~user`` that user's: a ``~name``
+            of no user is refused); ``None`` gives a new ``runs/<date>_<host>`` (``-2``... after
+            it for runs started in the same second).
             Under torchrun each rank writes ``<logdir>/rank<N>``.
         profile: a :class:`trainkit.ProfileSchedule` to record torch.profiler traces, or None.
         log_every: wake the writer every this many steps (it also wakes every ``flush_secs``).
