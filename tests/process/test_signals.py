@@ -270,3 +270,21 @@ def test_a_run_killed_before_its_first_flush_is_a_trainkit_run_with_no_steps(tmp
     assert analyze_main([str(logdir)]) == 1
     versions = json.loads(load_run(str(logdir), str(logdir)).meta["trainkit/meta/versions"])
     assert versions["trainkit"] == tk.__version__ and versions["torch"] and versions["python"]
+
+
+def test_os_exit_in_the_main_process_loses_what_a_sigkill_would_as_the_readme_says(tmp_path):
+    # os._exit runs no exit handler (atexit, finalizers): as with a SIGKILL, what was recorded
+    # since the last write is lost; the exit status is the one given. The README said so of
+    # SIGKILL alone.
+    logdir = tmp_path / "run"
+    script = ("import os, sys, trainkit as tk\n"
+              "s = tk.session(logdir=sys.argv[1], system_metrics=False, flush_secs=60)\n"
+              "for i in range(1, 6):\n"
+              "    s.log('x', float(i), step=i)\n"
+              "os._exit(3)\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(logdir)], env=child_env(), cwd=REPO,
+                          timeout=120)
+    assert proc.returncode == 3
+    assert len(event_files(str(logdir))) == 1 and "x" not in read_scalars(logdir)
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    assert "`os._exit(n)` in the main process loses what a SIGKILL loses" in readme
