@@ -10,14 +10,15 @@ import sys
 
 import pytest
 
-from ._util import REPO, SCRIPTS, child_env, read_scalars, steps_of
+from ._util import REPO, SCRIPTS, child_env, free_port, read_scalars, steps_of
 
 SAID = "tk.session began before torch.distributed.init_process_group"
 
 
 def _run(logdir, mode, **env):
     proc = subprocess.run(
-        [sys.executable, "-W", "error", str(SCRIPTS / "ranks_mixed_werror.py"), str(logdir), mode],
+        [sys.executable, "-W", "error", str(SCRIPTS / "ranks_mixed_werror.py"), str(logdir), mode,
+         str(free_port())],
         cwd=str(REPO), env=dict(child_env(), OMP_NUM_THREADS="1", **env), capture_output=True,
         text=True, timeout=110)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

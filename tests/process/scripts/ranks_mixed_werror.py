@@ -2,11 +2,11 @@
 warning that the ranks share its folder is said by the writer thread at its first wake after a
 step ("writer"), or by the close, with the close's other warnings ("close").
 
-torch's single-process "fake" backend makes the group (world size 2, this process rank 1): what
-trainkit reads of it (initialized, its size, this rank) is what a spawned rank has, without a
-second process to start and wait for.
+Two ranks on gloo, started by torch.multiprocessing.spawn (whose children keep ``-W error``):
+rank 1 runs the session; rank 0 only joins the group and waits at its end, so what is said and
+printed is rank 1's alone.
 
-Usage: python -W error ranks_mixed_werror.py LOGDIR writer|close
+Usage: python -W error ranks_mixed_werror.py LOGDIR writer|close PORT
 """
 import os
 import signal
@@ -16,14 +16,26 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.testing._internal.distributed.fake_pg import FakeStore
+import torch.multiprocessing as mp
 
 import trainkit as tk
 
 
+def rank_main(rank: int, logdir: str, mode: str, port: str) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = port
+    torch.set_num_threads(1)
+    if rank == 0:  # the peer: no session
+        dist.init_process_group("gloo", rank=0, world_size=2)
+        dist.barrier()  # rank 1 is done
+        dist.destroy_process_group()
+        return
+    main(logdir, mode)
+
+
 def main(logdir: str, mode: str) -> None:
     s = tk.session(logdir=logdir, system_metrics=False, flush_secs=0.1, log_every=1)
-    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=2)
+    dist.init_process_group("gloo", rank=1, world_size=2)
     model = torch.nn.Linear(2, 1)
     opt = tk.patch(torch.optim.SGD(model.parameters(), lr=0.1))
     try:
@@ -50,8 +62,10 @@ def main(logdir: str, mode: str) -> None:
           signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
           [t.name for t in threading.enumerate() if t.name.startswith("trainkit")],
           [f for f in fds if f.startswith(os.path.abspath(logdir))], flush=True)
+    del model, opt
+    dist.barrier()  # the peer leaves only now
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    mp.spawn(rank_main, args=(sys.argv[1], sys.argv[2], sys.argv[3]), nprocs=2, join=True)
