@@ -9,10 +9,11 @@ checks in with SIGTERM caught (exit 2), and none exits before all have checked i
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from . import _env
 
@@ -127,3 +128,59 @@ def die_by_sigint() -> None:
     sys.stderr.flush()
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGINT)
+
+
+class Terminated(BaseException):
+    """A SIGTERM, raised where the process is, as KeyboardInterrupt is a SIGINT: a BaseException,
+    so that no ``except Exception`` of the work takes it for an error of its own."""
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within the block, a SIGTERM raises :class:`Terminated`, so that a command can say what
+    it kept (the demo's run folder) before it ends by SIGTERM (:func:`die_by_sigterm`): by
+    default the signal ends the process at once, saying nothing. A session begun inside the
+    block flushes first and then calls this handler (trainkit._signals: the handler before it).
+    Only where SIGTERM has its default action (one the caller set, or SIG_IGN, is theirs to
+    keep), from the main thread of a POSIX process; elsewhere the block runs unchanged.
+
+    Example::
+
+        with sigterm_raises():
+            try:
+                train()
+            except Terminated:
+                print("terminated; the run is in runs/x", file=sys.stderr)
+                die_by_sigterm()
+    """
+    import signal
+    import threading
+
+    if os.name != "posix" or threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def die_by_sigterm() -> None:
+    """End the process by SIGTERM (exit status 128 + 15 in a shell), as it would have ended
+    without :func:`sigterm_raises`: a job scheduler or ``timeout`` reads the status it sent.
+    Only from the main thread of a POSIX process."""
+    import signal
+    import threading
+
+    if os.name != "posix" or threading.current_thread() is not threading.main_thread():
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)

@@ -41,17 +41,26 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _demo_run(args: argparse.Namespace) -> int:
-    """``trainkit demo``: its options checked, then the run (which says a Ctrl-C itself). A
-    Ctrl-C before it (torch still importing) ends the process by SIGINT too, without a
-    traceback: nothing was recorded yet."""
+    """``trainkit demo``: its options checked, then the run (which says a Ctrl-C or a SIGTERM
+    itself). One before it (torch still importing) ends the process by its signal too, without
+    a traceback: nothing was recorded yet."""
     try:
-        return _demo_checked(args)
+        with _usage.sigterm_raises():
+            return _demo_checked(args)
     except KeyboardInterrupt:
-        if not _usage.quiet_rank():
-            print("trainkit demo: interrupted before training began; nothing was recorded",
-                  file=sys.stderr)
+        _say_nothing_recorded("interrupted")
         _usage.die_by_sigint()
         return 130  # where a process cannot end by its own SIGINT
+    except _usage.Terminated:
+        _say_nothing_recorded("terminated (SIGTERM)")
+        _usage.die_by_sigterm()
+        return 143  # where a process cannot end by its own SIGTERM
+
+
+def _say_nothing_recorded(how: str) -> None:
+    if not _usage.quiet_rank():
+        print(f"trainkit demo: {how} before training began; nothing was recorded",
+              file=sys.stderr)
 
 
 def _demo_checked(args: argparse.Namespace) -> int:

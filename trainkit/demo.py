@@ -355,24 +355,34 @@ def summary_lines(result: DemoResult) -> Dict[str, str]:
     }
 
 
+def _say_stopped(how: str, logdir: str) -> None:
+    """One line on stderr (rank 0's, under torchrun): the run stopped, and where its steps are."""
+    if (_env.rank() or 0) == 0:
+        print(f"trainkit demo: {how}; the steps recorded so far are in {logdir} "
+              f"(open it: tensorboard --logdir {shlex.quote(_to_open(logdir))})", file=sys.stderr)
+
+
 def main(config: DemoConfig) -> int:
     """Run the demo and print its summary; 1 when no optimizer step finished in time.
 
     Under torchrun rank 0 prints every rank's summary and the other ranks print nothing.
     Ctrl-C says where the steps recorded so far are (the session has written them), then ends
     the process by SIGINT, as an uncaught KeyboardInterrupt does (a shell's loop stops on it),
-    without the traceback.
+    without the traceback. A SIGTERM (``timeout``, ``kill``, a job scheduler) says the same and
+    ends it by SIGTERM, as it would have ended silently.
     """
     config = dataclasses.replace(config, logdir=config.logdir or default_logdir())
     try:
-        result = run(config)
+        with _usage.sigterm_raises():
+            result = run(config)
     except KeyboardInterrupt:
-        if (_env.rank() or 0) == 0:
-            print(f"trainkit demo: interrupted; the steps recorded so far are in {config.logdir} "
-                  f"(open it: tensorboard --logdir {shlex.quote(_to_open(config.logdir))})",
-                  file=sys.stderr)
+        _say_stopped("interrupted", config.logdir)
         _usage.die_by_sigint()
         return 130  # where a process cannot end by its own SIGINT
+    except _usage.Terminated:
+        _say_stopped("terminated (SIGTERM)", config.logdir)
+        _usage.die_by_sigterm()
+        return 143  # where a process cannot end by its own SIGTERM
     if result.rank not in (None, 0):
         return 1 if any(r.steps == 0 for r in result.ranks) else 0
     if result.steps == 0:
