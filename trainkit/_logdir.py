@@ -169,3 +169,26 @@ def check_logdir(logdir: Any, *, option: Optional[str] = None) -> str:
         raise ValueError(f"{lead}: the folder is not writable; "
                          f"pass a folder you can write to, e.g. {said('runs/exp1')}")
     return path
+
+
+def check_not_everything(logdir: str, *, option: str) -> None:
+    """A ValueError where a command's run folder is the filesystem root or the home folder
+    itself (``--logdir /``, ``--logdir ~``, ``--logdir .`` there): the event file would land
+    straight in it, and the ``tensorboard --logdir`` printed to open it reads every folder
+    under it, again every few seconds. Checked before anything is made or written.
+
+    Example::
+
+        check_not_everything("runs/demo", option="--logdir")  # fine: a folder of its own
+    """
+    path = os.path.realpath(os.path.expanduser(logdir))
+    home = os.path.realpath(os.path.expanduser("~"))
+    if path == os.path.realpath(os.sep):
+        what, fix = "the filesystem root", "runs/demo"
+    elif path == home:
+        what, fix = f"your home folder ({home})", os.path.join("~", "runs", "demo")
+    else:
+        return
+    raise ValueError(f"{option} {shlex.quote(logdir)}: is {what}, so the run would be written "
+                     f"straight into it and TensorBoard, opened there, would read every folder "
+                     f"under it; give the run a folder of its own, e.g. {option} {fix}")

@@ -73,6 +73,10 @@ def _demo_checked(args: argparse.Namespace) -> int:
                                  batch_size=args.batch_size, max_seconds=args.max_seconds,
                                  progress=not args.no_progress)
         demo.check_memory(config)  # a --batch-size that cannot fit: said before anything is made
+        if args.logdir is not None:  # --logdir / or ~: refused before a folder is made or written
+            from ._logdir import check_not_everything
+
+            check_not_everything(args.logdir, option="--logdir")
     except ValueError as exc:
         return _usage.leave(f"trainkit demo: {exc}\n")
     # The default folder is fixed (and made) here, so it is checked like a given one and the run
