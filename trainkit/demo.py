@@ -73,7 +73,10 @@ def _said(name: str, value: Any) -> str:
     command's, as the config's field (``demo val_size=0``)."""
     if name in ("val_size", "lr"):
         return f"demo {name}={value!r}"
-    return f"--{name.replace('_', '-')} {value!r}"
+    text = repr(value)
+    if isinstance(value, float) and text.endswith(".0"):
+        text = text[:-2]  # --max-seconds -1 as typed, not as argparse's float (-1.0)
+    return f"--{name.replace('_', '-')} {text}"
 
 
 @dataclasses.dataclass(frozen=True)
