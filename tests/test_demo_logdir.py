@@ -54,3 +54,36 @@ def test_a_folder_of_its_own_under_the_working_folder_is_not_refused(tmp_path, m
 
     for given in (".", "runs", str(tmp_path / "x")):
         check_not_everything(given, option="--logdir")
+
+
+def _tiny(logdir):
+    return demo.DemoConfig(logdir=logdir, epochs=1, train_size=64, val_size=64, batch_size=64,
+                           progress=False)
+
+
+def test_a_folder_holding_a_run_is_said_when_the_next_one_starts(tmp_path, monkeypatch, capsys):
+    """A second demo into one --logdir said nothing: its summary counted its own steps, but
+    TensorBoard showed the two sessions as one run and `trainkit analyze` reported TA111."""
+    import datetime
+
+    monkeypatch.chdir(tmp_path)
+    assert demo.main(_tiny("runs/x")) == 0
+    assert "already holds" not in capsys.readouterr().err
+    (first,) = os.listdir("runs/x")
+    when = datetime.datetime.fromtimestamp(int(first.split("tfevents.")[1].split(".")[0]))
+    (tmp_path / "runs" / "x-2").mkdir()  # taken: the folder suggested is one that is free
+    assert demo.main(_tiny("runs/x")) == 0
+    assert capsys.readouterr().err == (
+        f"trainkit demo: runs/x already holds a run (from {when:%Y-%m-%d %H:%M}); this one is "
+        f"added beside it: TensorBoard shows them as one run, and trainkit analyze reports TA111 "
+        f"(several sessions in one run folder); use --logdir runs/x-3 for a run of its own\n")
+    assert len(os.listdir("runs/x")) == 2
+
+
+def test_the_default_folder_is_a_new_one_each_run_so_nothing_is_said(tmp_path, monkeypatch,
+                                                                     capsys):
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        assert demo.main(_tiny(None)) == 0
+    assert "already holds" not in capsys.readouterr().err
+    assert len(os.listdir("runs")) == 2

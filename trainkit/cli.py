@@ -26,7 +26,10 @@ _SUBCOMMANDS: Dict[str, Tuple[str, str]] = {
 
 
 def _demo_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--logdir", help="run folder (default: runs/demo-<date>-<time>)")
+    p.add_argument("--logdir",
+                   help="run folder (default: runs/demo-<date>-<time>, a new one each run); a "
+                        "folder that holds an earlier run gets this one beside it, and "
+                        "TensorBoard shows the two as one run")
     p.add_argument("--epochs", type=int, default=2, help="passes over the data (default: 2)")
     p.add_argument("--train-size", type=int, default=6400,
                    help="training images, any number: more than fit in memory are made as they "

@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _env, _usage
+from ._demo_runs import event_files, own, read_back, say_earlier_runs
 from ._text import write_out
 
 #: Bytes an image of the batch takes in one training step of the demo CNN on a CPU: activations
@@ -196,7 +197,7 @@ def run(config: DemoConfig) -> DemoResult:
         # The session writes <logdir>, or <logdir>/rank<N> under torchrun; the event files there
         # now are earlier runs', and the files new after the session that this process wrote
         # are this run's (another run may write into the same folder meanwhile).
-        earlier = _event_files(logdir if ranks is None else os.path.join(logdir, f"rank{rank}"))
+        earlier = event_files(logdir if ranks is None else os.path.join(logdir, f"rank{rank}"))
         loss = None  # no step at all when max_seconds ends the run before the first one
         stopped = False
         with tk.session(logdir=logdir) as s, _progress(config, rank) as bar:
@@ -241,7 +242,7 @@ def run(config: DemoConfig) -> DemoResult:
                         stopped = ranks.any(stopped)
                 if stopped:  # the epochs left would each evaluate the same model again
                     break
-        step_ms, waits, samples = _read_back(s.logdir, _own(_event_files(s.logdir) - earlier))
+        step_ms, waits, samples = read_back(s.logdir, own(event_files(s.logdir) - earlier))
         median = statistics.median(step_ms) if step_ms else float("nan")
         total = sum(step_ms)
         result = DemoResult(
@@ -281,43 +282,6 @@ def _evaluate(model: Any, batches: Any, device: Any,
             correct += (model(xb).argmax(dim=1) == yb).sum()
             seen += len(y)
     return float(correct) / seen, seen  # one sync per epoch, outside the training step
-
-
-def _event_files(folder: str) -> "set[str]":
-    """The names of the TensorBoard event files in ``folder``; none when it is not a folder yet
-    (or cannot be one: the session says why when it starts)."""
-    from .profiling.runs import EVENTS_MARK
-
-    try:
-        return {f for f in os.listdir(folder) if EVENTS_MARK in f}
-    except OSError:
-        return set()
-
-
-def _own(names: "set[str]") -> List[str]:
-    """Of ``names``, the event files this process wrote, in name order: TensorBoard's file names,
-    ``events.out.tfevents.<time>.<host>.<pid>.<n>``, say the host and process that wrote them,
-    so a run another process writes into the same folder at the same time (a second ``trainkit
-    demo --logdir`` of that folder) is not counted as this one's steps."""
-    import socket
-
-    mine = f".{socket.gethostname()}.{os.getpid()}."
-    return sorted(name for name in names if mine in name)
-
-
-def _read_back(folder: str, names: List[str]) -> "tuple[List[float], List[float], List[float]]":
-    """Step times, data waits and samples per second as TensorBoard will show them: the event
-    files ``names`` in ``folder``, read back (the folder may also hold earlier runs' files,
-    whose steps are not this run's)."""
-    from .profiling.runs import read_scalars
-
-    got = read_scalars(folder, names)
-
-    def values(tag: str) -> List[float]:
-        return [v for _, v in got.get(tag, [])]
-
-    return (values("trainkit/step_time_ms"), values("trainkit/data_wait_ms"),
-            values("trainkit/samples_per_s"))
 
 
 def _progress(config: DemoConfig, rank: int = 0) -> Any:
@@ -375,6 +339,9 @@ def main(config: DemoConfig) -> int:
     ends it by SIGTERM, as it would have ended silently.
     """
     config = dataclasses.replace(config, logdir=config.logdir or default_logdir())
+    if (_env.rank() or 0) == 0:  # rank 0's own run folder stands for every rank's
+        say_earlier_runs(config.logdir if _env.rank() is None else
+                         os.path.join(config.logdir, "rank0"), config.logdir)
     try:
         with _usage.sigterm_raises():
             result = run(config)
