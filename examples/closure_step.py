@@ -18,9 +18,14 @@ import trainkit as tk
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--optimizer", choices=["lbfgs", "sgd"], default="lbfgs")
-    parser.add_argument("--logdir", default="runs/closure")
+    # RawDescription: the docstring's usage line stays a line of its own in --help
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--optimizer", choices=["lbfgs", "sgd"], default="lbfgs",
+                        help="lbfgs calls the closure several times a step, sgd once "
+                             "(default: %(default)s)")
+    parser.add_argument("--logdir", default="runs/closure", metavar="DIR",
+                        help="TensorBoard run folder (default: %(default)s)")
     args = parser.parse_args()
 
     torch.manual_seed(0)

@@ -20,11 +20,28 @@ import trainkit as tk
 from trainkit.workloads.mnist import BlockShuffle, SyntheticMNIST, simple_cnn
 
 
+def positive_int(text: str) -> int:
+    """argparse's type for a count: 0, -1 or 1.5 is said as a usage error (exit 2) up front,
+    not as a traceback (or an empty run) once training starts."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int (1 or more), not {text!r}")
+    return value
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--train-size", type=int, default=3200)
-    parser.add_argument("--logdir", default="runs/mnist-cnn")
+    # RawDescription: the docstring's usage line stays a line of its own in --help
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=positive_int, default=1, metavar="N",
+                        help="passes over the training images (default: %(default)s)")
+    parser.add_argument("--train-size", type=positive_int, default=3200, metavar="N",
+                        help="training images, made as they are read (default: %(default)s)")
+    parser.add_argument("--logdir", default="runs/mnist-cnn", metavar="DIR",
+                        help="TensorBoard run folder (default: %(default)s)")
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -92,3 +92,52 @@ def test_a_train_size_beyond_memory_trains(tmp_path, name):
         if proc.poll() is None:
             proc.kill()
     assert running and len(steps) >= 2, err[-3000:]
+
+
+def _run_example(name, args, monkeypatch):
+    """The example run as ``python examples/NAME ARGS`` runs it (its own argparse, its
+    ``__main__``), in this process: torch is imported once for all the cases."""
+    import runpy
+
+    path = os.path.join(REPO, "examples", name)
+    monkeypatch.setattr(sys, "argv", [path, *args])
+    monkeypatch.syspath_prepend(os.path.dirname(path))
+    runpy.run_path(path, run_name="__main__")
+
+
+@pytest.mark.parametrize("name, option, value", [
+    ("accumulate_amp.py", "--accumulate", "0"),  # was accumulate()'s ValueError traceback, exit 1
+    ("accumulate_amp.py", "--train-size", "0"),  # SyntheticMNIST's ValueError
+    ("compiled_optimizer.py", "--steps", "0"),  # OneCycleLR's ValueError
+    ("compiled_optimizer.py", "--width", "0"),  # "succeeded" with a model of no weights
+    ("mnist_cnn.py", "--train-size", "-1"),  # SyntheticMNIST's ValueError
+    ("mnist_cnn.py", "--epochs", "0"),  # "succeeded" with an empty run
+    ("mnist_cnn.py", "--epochs", "1.5"),
+])
+def test_a_bad_value_is_a_usage_error_before_anything_is_written(tmp_path, monkeypatch, capsys,
+                                                                 name, option, value):
+    logdir = tmp_path / "run"
+    with pytest.raises(SystemExit) as exited:
+        _run_example(name, [option, value, "--logdir", str(logdir)], monkeypatch)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"{name}: error: argument {option}: must be a positive int (1 or more), "
+                        f"not {value!r}\n"), err
+    assert not logdir.exists()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_help_says_every_option_and_keeps_the_usage_line(monkeypatch, capsys, name):
+    """No option had help text, and the docstring's `python examples/...` line ran into its
+    prose."""
+    with pytest.raises(SystemExit) as exited:
+        _run_example(name, ["--help"], monkeypatch)
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert f"\n    python examples/{name} " in out  # a line of its own, as in the docstring
+    options = out.split("\noptions:\n", 1)[1]
+    entries = [e for e in options.split("\n  -")[1:]]  # "-h, --help ...", "-logdir DIR ..."
+    assert len(entries) >= 2
+    for entry in entries:
+        invocation, _, said = entry.strip().partition("  ")
+        assert said.strip(), f"{name}: option -{invocation} has no help text:\n{out}"
