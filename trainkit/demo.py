@@ -17,7 +17,7 @@ import shlex
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from . import _env, _usage
 from ._demo_runs import event_files, own, read_back, say_earlier_runs
