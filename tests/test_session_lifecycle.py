@@ -206,6 +206,21 @@ def test_an_exception_leaving_the_block_goes_on_under_warnings_as_errors(tmp_pat
     assert scalars(tmp_path / "b")["loss"] == [(1, 1.5)]
 
 
+def test_a_failed_start_raises_its_own_error_under_warnings_as_errors(tmp_path, monkeypatch):
+    # The start's own error (a schedule with no warm-up, warned) goes on; the close that undoes
+    # the half-started session warned that TRAINKIT_TECHNIQUES sets a name nothing asked for, and
+    # that warning, raised over it, replaced the start's error. It is shown, at the user's line.
+    monkeypatch.setenv("TRAINKIT_TECHNIQUES", '{"fuse": true}')
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="has no warm-up step"):
+            tk.session(logdir=tmp_path / "a", system_metrics=False,
+                       profile=tk.ProfileSchedule(wait=0, warmup=0, active=1))
+    assert tk.active() is None
+    assert [w.filename for w in shown] == [__file__], shown
+    assert "TRAINKIT_TECHNIQUES sets 'fuse'" in str(shown[0].message)
+
+
 def test_one_session_at_a_time(tmp_path):
     with tk.session(logdir=tmp_path / "a") as s:
         with pytest.raises(RuntimeError, match="already active"):

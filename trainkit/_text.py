@@ -159,5 +159,24 @@ def show_over(said: Warning, exc: BaseException, frame: Any) -> None:
     import warnings
 
     warnings.showwarning(f"{said} (shown, not raised: the warning filters make it an error, "
-                         f"and the {type(exc).__name__} leaving the block goes on)",
+                         f"and the {type(exc).__name__} under way goes on)",
                          type(said), frame.f_code.co_filename, frame.f_lineno)
+
+
+def close_over(close: Any, exc: BaseException, frame: Any) -> None:
+    """Call ``close()`` while ``exc`` propagates from the user's ``frame`` (a ``with`` block's
+    exit, a session's failed start): a warning it raises where the filters make warnings errors
+    (``python -W error``, pytest's ``error``) is shown there (:func:`show_over`), so ``exc``
+    goes on; raised, it replaced ``exc`` (``sys.exit(3)`` exited 1, a start's own error was
+    lost).
+
+    Example::
+
+        except BaseException as exc:
+            close_over(self.close, exc, sys._getframe(1))
+            raise
+    """
+    try:
+        close()
+    except Warning as said:
+        show_over(said, exc, frame)

@@ -23,7 +23,7 @@ from ._logdir import (check_logdir as _check_logdir, default_logdir as _default_
 from ._logvalues import ClosedBuffer, check_log_name, to_scalar
 from ._session_args import MAX_STEP, bad_log_step, check_session_args
 from ._session_steps import StepCounter
-from ._text import say, say_all, show_over, user_stacklevel
+from ._text import close_over, say, say_all, user_stacklevel
 from .profiling.schedule import check_session_profile
 from .recorder import Recorder
 
@@ -132,8 +132,8 @@ class Session(StepCounter):
                 self._profiler = start_profiler(self)
             _activate(self)
             backends.apply(self)  # tf32 / cudnn_benchmark overrides, restored on close
-        except BaseException:
-            self.close()  # leave no session, thread or hook half-started
+        except BaseException as exc:  # leave no session, thread or hook half-started
+            close_over(self.close, exc, sys._getframe(user_stacklevel() - 1))
             raise
 
     # -- public ----------------------------------------------------------------------------------
@@ -288,12 +288,9 @@ class Session(StepCounter):
         if exc[1] is None:
             self.close()
             return
-        try:
-            self.close()
-        except Warning as said:  # warnings made errors: python -W error, pytest's "error"
-            # The exception leaving the block goes on unchanged (this returns None): raised from
-            # here, the close's warning replaced it (sys.exit(3) exited 1). Shown instead.
-            show_over(said, exc[1], sys._getframe(1))
+        # The exception leaving the block goes on unchanged (this returns None): a close warning
+        # the filters make an error is shown, not raised over it (sys.exit(3) exited 1)
+        close_over(self.close, exc[1], sys._getframe(1))
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"step {self.step}"
