@@ -2,6 +2,8 @@
 (``chmod 000``), inside an analyzed logdir was passed over in silence by ``trainkit analyze``
 (``find_runs``, the trainkit-tag scan); each is now left out with a warning naming the path and
 the ``chmod`` that fixes it, as a named pipe is, and the tab's JSON lists the file in ``skipped``.
+So is a folder that may be listed but not entered (``chmod u-x``), whose files were passed over
+and whose subfolders were each said as a folder to ``chmod u+rx``.
 
 Permissions do not stop root: as root, the commands run without the capabilities that let root
 pass them (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, dropped from the bounding set by ``setpriv``),
@@ -73,16 +75,19 @@ def good(tmp_path_factory) -> str:
 @pytest.fixture
 def logdir(tmp_path, good):
     """``a``: a run; ``b``: a run folder locked; ``c``: a run whose one event file is locked;
-    ``d``: a run with a trace locked beside its event file."""
+    ``d``: a run with a trace locked beside its event file; ``e``: a run folder that may be
+    listed but not entered, with a run in a folder of its own."""
     root = tmp_path / "logs"
-    for name in "abcd":
+    for name in "abcde":
         shutil.copytree(good, root / name)
+    shutil.copytree(good, root / "e" / "sub")
     with open(root / "d" / TRACE, "w") as fh:
         fh.write("{}")
     (events,) = [f for f in os.listdir(root / "c") if "tfevents" in f]
-    locked = [root / "b", root / "c" / events, root / "d" / TRACE]
-    for path in locked:
+    locked = [root / "b", root / "c" / events, root / "d" / TRACE, root / "e"]
+    for path in locked[:3]:
         os.chmod(path, 0)
+    os.chmod(root / "e", 0o644)  # u-x: its names are listed, none of its entries opened
     yield str(root), [str(p) for p in locked]
     for path in locked:
         if os.path.lexists(path):
@@ -90,7 +95,7 @@ def logdir(tmp_path, good):
 
 
 def test_trainkit_analyze_says_each_and_analyzes_the_rest(logdir):
-    root, (folder, events, trace) = logdir
+    root, (folder, events, trace, _) = logdir
     done = _run("-m", "trainkit", "analyze", root)
     assert done.returncode == 0, done.stderr
     err = " ".join(done.stderr.split())
@@ -103,7 +108,7 @@ def test_trainkit_analyze_says_each_and_analyzes_the_rest(logdir):
 
 
 def test_a_logdir_of_locked_runs_alone_says_them_in_the_error(logdir):
-    root, (folder, events, _) = logdir
+    root, (folder, events, *_) = logdir
     shutil.rmtree(os.path.join(root, "a"))
     shutil.rmtree(os.path.join(root, "d"), ignore_errors=True)
     done = _run("-c", "import sys, trainkit as tk; tk.analyze(sys.argv[1])", root)
@@ -119,3 +124,20 @@ def test_the_tab_lists_the_locked_trace_in_skipped(logdir):
     rep = json.loads(done.stdout)
     assert rep["steps"] > 0 and rep["skipped"] == [[TRACE, "a file you have no permission to "
                                                            "read"]]
+
+
+NO_ENTER = "a folder you have permission to list but not to enter (no x permission)"
+
+
+def test_a_folder_listed_but_not_entered_is_said_once_with_its_fix(logdir):
+    """Its own event file was passed over in silence, and its subfolder said as one to make
+    readable (chmod u+rx e/sub), which fixes nothing: the x is missing on e."""
+    root, (*_, folder) = logdir
+    done = _run("-m", "trainkit", "analyze", root)
+    assert done.returncode == 0, done.stderr
+    err = " ".join(done.stderr.split())
+    assert (f"{folder!r} is {NO_ENTER}: the runs in it are not analyzed; make it searchable "
+            f"(chmod u+x {folder})") in err, err
+    assert os.path.join(folder, "sub") not in err, err
+    assert "[a]" in done.stdout and "[e]" not in done.stdout
+

@@ -28,7 +28,7 @@ from .analyzers import traces as trace_rules
 from .finding import Finding, sort_key
 from .eventfiles import Damage
 from .reader import EventReader
-from .logdir import NO_LIST, NO_READ, find_runs
+from .logdir import find_runs, left_out
 from .runs import Run, load_run
 from .tracefiles import WRITING_GRACE_S, TraceError, being_written, read_trace
 from .tracestats import TraceStats, summarize
@@ -267,19 +267,6 @@ def _nothing_analyzed(run: Run, why: str, fix: str) -> Finding:
                    fix=fix, severity="high", run=run.name)
 
 
-def _skipped(path: str, what: str) -> str:
-    """A file left out (no regular file, or not readable) or a folder not listed, in words, with
-    the fix."""
-    if what == NO_READ:
-        return f"{path!r} is {what}: left out; make it readable (chmod u+r {path})"
-    if what == NO_LIST:
-        return (f"{path!r} is {what}: the runs in it are not analyzed; make it readable "
-                f"(chmod u+rx {path})")
-    why = " (reading a named pipe waits for a writer forever)" if "FIFO" in what else ""
-    return (f"{path!r} is {what}, not a regular file: left out{why}; remove it, or put the file "
-            f"it stands for in its place")
-
-
 def _check_logdir(logdir: Any) -> str:
     if not isinstance(logdir, (str, os.PathLike)):
         raise TypeError(f"analyze({logdir!r}): logdir must be a path (str or os.PathLike), "
@@ -341,8 +328,8 @@ def _reports(logdir: Any) -> List[RunReport]:
     path = _check_logdir(logdir)
     unlisted: List[Tuple[str, str]] = []
     every = [analyze_run(path, f) for f in find_runs(path, unlisted)]
-    skipped = [_skipped(file, what) for file, what in unlisted]
-    skipped += [_skipped(file, what) for r in every for file, what in r.skipped]
+    skipped = [left_out(file, what) for file, what in unlisted]
+    skipped += [left_out(file, what) for r in every for file, what in r.skipped]
     reports = [r for r in every if r.is_trainkit]
     if not reports:
         left = f" ({'; '.join(skipped)})" if skipped else ""

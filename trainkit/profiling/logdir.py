@@ -3,7 +3,9 @@ said (with its path, what it is and the fix), never passed over in silence.
 
 Left out: an event file or a trace that is no regular file (a named pipe would keep the reading
 waiting for a writer forever, a device never end it, a broken link has nothing to read), one the
-user has no permission to read, and a folder the user has no permission to list (its runs).
+user has no permission to read, a folder the user has no permission to list, and one the user
+may list but not enter (``chmod u-x``: its names are read, but none of its files or folders can be
+opened), with the runs in either.
 """
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ from .trace import is_trace
 EVENTS_MARK = "tfevents"
 #: What a folder that cannot be listed is, in :func:`find_runs`'s ``unreadable``.
 NO_LIST = "a folder you have no permission to list"
+#: What a folder that can be listed but not entered is (read permission without execute), in
+#: :func:`find_runs`'s ``unreadable``.
+NO_ENTER = "a folder you have permission to list but not to enter (no x permission)"
 #: What a file that cannot be read is, in :func:`regular_files`'s left out.
 NO_READ = "a file you have no permission to read"
 
@@ -28,7 +33,9 @@ def find_runs(logdir: str, unreadable: Optional[List[Tuple[str, str]]] = None) -
     compare them), each real folder once, so a link back up the tree ends.
 
     ``unreadable``: a list to add ``(path, NO_LIST)`` to for each folder that cannot be listed
-    for want of permission (``chmod 000``): its runs are not found.
+    for want of permission (``chmod 000``), and ``(path, NO_ENTER)`` for each that can be listed
+    but not entered (``chmod u-x``): its runs are not found. The folders under one not entered
+    are not said apart: their fix is the one folder's.
     """
     def said(exc: OSError) -> None:
         if unreadable is not None and isinstance(exc, PermissionError) and exc.filename:
@@ -42,6 +49,13 @@ def find_runs(logdir: str, unreadable: Optional[List[Tuple[str, str]]] = None) -
             dirs[:] = []
             continue
         seen.add(real)
+        if (dirs or files) and not _enterable(folder, (dirs or files)[0]):
+            # Its event files could not be opened, nor its folders listed (each would be said as
+            # a folder of its own to fix): said once, here, and passed by.
+            if unreadable is not None:
+                unreadable.append((folder, NO_ENTER))
+            dirs[:] = []
+            continue
         dirs.sort()
         if any(EVENTS_MARK in f or is_trace(f) for f in files):
             found.append(folder)
@@ -62,7 +76,7 @@ def regular_files(folder: str, names: List[str]
             what = broken_link(path)
             if not what:  # gone meanwhile
                 continue
-        if not what and (EVENTS_MARK in n or is_trace(n)) and _no_permission(path):
+        if not what and (EVENTS_MARK in n or is_trace(n)) and no_permission(path):
             what = NO_READ
         if not what:
             kept.append(n)
@@ -71,7 +85,7 @@ def regular_files(folder: str, names: List[str]
     return kept, tuple(skipped)
 
 
-def _no_permission(path: str) -> bool:
+def no_permission(path: str) -> bool:
     """Whether opening the regular file ``path`` is refused for want of permission (the open
     itself asked: it is what the reading does, for root without CAP_DAC_OVERRIDE too)."""
     try:
@@ -81,3 +95,31 @@ def _no_permission(path: str) -> bool:
         return True
     except OSError:  # gone meanwhile: the reading says nothing of it either
         return False
+
+
+def _enterable(folder: str, name: str) -> bool:
+    """Whether an entry ``name`` of ``folder`` (one listed) can be looked up: False where the
+    folder may be listed but not entered (no x permission), whatever the entry."""
+    try:
+        os.lstat(os.path.join(folder, name))
+    except PermissionError:
+        return False
+    except OSError:  # gone meanwhile
+        pass
+    return True
+
+
+def left_out(path: str, what: str) -> str:
+    """A file left out (no regular file, or not readable) or a folder whose runs are not found,
+    in words, with the fix (what ``tk.analyze`` warns and the tab shows)."""
+    if what == NO_READ:
+        return f"{path!r} is {what}: left out; make it readable (chmod u+r {path})"
+    if what == NO_LIST:
+        return (f"{path!r} is {what}: the runs in it are not analyzed; make it readable "
+                f"(chmod u+rx {path})")
+    if what == NO_ENTER:
+        return (f"{path!r} is {what}: the runs in it are not analyzed; make it searchable "
+                f"(chmod u+x {path})")
+    why = " (reading a named pipe waits for a writer forever)" if "FIFO" in what else ""
+    return (f"{path!r} is {what}, not a regular file: left out{why}; remove it, or put the file "
+            f"it stands for in its place")
