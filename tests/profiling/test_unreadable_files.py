@@ -3,7 +3,9 @@
 (``find_runs``, the trainkit-tag scan); each is now left out with a warning naming the path and
 the ``chmod`` that fixes it, as a named pipe is, and the tab's JSON lists the file in ``skipped``.
 So is a folder that may be listed but not entered (``chmod u-x``), whose files were passed over
-and whose subfolders were each said as a folder to ``chmod u+rx``.
+and whose subfolders were each said as a folder to ``chmod u+rx``. The tab lists a run whose event
+file it may not read (with TA110 saying why), and its page says the folders it cannot list or
+enter (``GET .../left_out``): it showed neither.
 
 Permissions do not stop root: as root, the commands run without the capabilities that let root
 pass them (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, dropped from the bounding set by ``setpriv``),
@@ -126,6 +128,7 @@ def test_the_tab_lists_the_locked_trace_in_skipped(logdir):
                                                            "read"]]
 
 
+NO_LIST = "a folder you have no permission to list"
 NO_ENTER = "a folder you have permission to list but not to enter (no x permission)"
 
 
@@ -141,3 +144,62 @@ def test_a_folder_listed_but_not_entered_is_said_once_with_its_fix(logdir):
     assert os.path.join(folder, "sub") not in err, err
     assert "[a]" in done.stdout and "[e]" not in done.stdout
 
+
+_SERVED = """
+import json, sys, urllib.request
+from trainkit.sinks.tbplugin.launch import serve
+with serve(sys.argv[1]) as url:
+    get = lambda route: json.loads(urllib.request.urlopen(
+        url + "/data/plugin/trainkit/" + route, timeout=60).read())
+    print(json.dumps({"runs": get("runs"), "left_out": get("left_out"),
+                      "c": get("report?run=c")}))
+"""
+
+
+def test_a_real_tensorboard_lists_the_locked_run_and_the_folders_left_out(logdir):
+    """The tab listed neither the run whose one event file it may not read (the trainkit-tag
+    scan's OSError read as no trainkit run) nor anything of the folders it could not list or
+    enter: ``trainkit analyze`` warned of all three, the tab said nothing."""
+    root, (folder, events, _, unentered) = logdir
+    done = _run("-c", _SERVED, root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    served = json.loads(done.stdout)
+    assert served["runs"] == ["a", "c", "d"]
+    assert [(f["path"], f["what"]) for f in served["left_out"]] == [(folder, NO_LIST),
+                                                                   (unentered, NO_ENTER)]
+    said = " ".join(f["said"] for f in served["left_out"])
+    assert f"chmod u+rx {folder}" in said and f"chmod u+x {unentered}" in said
+    (finding,) = served["c"]["findings"]
+    assert finding["code"] == "TA110" and f"chmod u+r {events}" in finding["fix"], finding
+    assert served["c"]["skipped"] == [[os.path.basename(events), "a file you have no "
+                                                                  "permission to read"]]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_the_page_says_the_folders_left_out(logdir, tmp_path):
+    """The page said nothing of a folder it could not list or enter: its runs were missing from
+    the list without a word."""
+    from tests.sinks.test_tbplugin_js import harness
+
+    root, (folder, _, _, unentered) = logdir
+    done = _run("-c", "import sys, json; from trainkit.sinks.tbplugin.data import TabData; "
+                "print(json.dumps(TabData(sys.argv[1]).left_out()))", root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    page = tmp_path / "page"
+    page.mkdir()
+    (page / "left_out.json").write_text(done.stdout)
+    shutil.copy(os.path.join(ROOT, "trainkit", "sinks", "tbplugin", "static", "index.js"),
+                page / "index.mjs")
+    (page / "harness.mjs").write_text(harness("""
+const fs = await import('node:fs');
+const leftOut = JSON.parse(fs.readFileSync('left_out.json', 'utf8'));
+globalThis.fetch = async (url) => ({ok: true, status: 200,
+  json: async () => (url.startsWith('./left_out') ? leftOut : [])});
+"""))
+    out = subprocess.run(["node", "harness.mjs"], cwd=page, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith(f"Not read: {folder!r} is {NO_LIST}: the runs in it are not "
+                                 f"analyzed; make it readable (chmod u+rx {folder}); "
+                                 f"{unentered!r} is {NO_ENTER}"), out.stdout
+    assert "No trainkit runs in this logdir" in out.stdout

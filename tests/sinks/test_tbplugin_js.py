@@ -48,7 +48,7 @@ SHOW_REPORT = harness("""
 const fs = await import('node:fs');
 const report = JSON.parse(fs.readFileSync('report.json', 'utf8'));
 globalThis.fetch = async (url) => ({ok: true, status: 200,
-  json: async () => (url.startsWith('./runs') ? ['.'] : report)});
+  json: async () => (url.startsWith('./runs') ? ['.'] : url.startsWith('./left_out') ? [] : report)});
 """)
 
 

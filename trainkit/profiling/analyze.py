@@ -28,7 +28,7 @@ from .analyzers import traces as trace_rules
 from .finding import Finding, sort_key
 from .eventfiles import Damage
 from .reader import EventReader
-from .logdir import find_runs, left_out
+from .logdir import NO_READ, find_runs, left_out
 from .runs import Run, load_run
 from .tracefiles import WRITING_GRACE_S, TraceError, being_written, read_trace
 from .tracestats import TraceStats, summarize
@@ -202,6 +202,8 @@ def analyze_run(logdir: str, folder: str, *, clock: Callable[[], float] = time.t
             found.append(record_rules.no_steps(run))
         elif run.traces:
             found.append(_no_step_in_traces(run))
+        elif run.skipped:  # every file left out, unread: the tab lists such a run (data.py)
+            found.append(_nothing_read(run))
     sessions = record_rules.several_sessions(run)
     if sessions is not None:
         found.append(sessions)
@@ -238,6 +240,19 @@ def _no_step_in_traces(run: Run) -> Finding:
         "profile steps of the training: tk.session(logdir=..., profile=tk.ProfileSchedule("
         "wait=5, warmup=1, active=3)) around the loop, with tk.patch(optimizer) so that the "
         "session counts the steps, and a loop longer than wait + warmup steps")
+
+
+def _nothing_read(run: Run) -> Finding:
+    """TA110 for a run none of whose event files and traces could be read (no permission to
+    read them, named pipes, broken links): not a run without findings."""
+    locked = [p for p, what in run.skipped if what == NO_READ]
+    fix = "; ".join(([f"make them readable: chmod u+r {' '.join(locked)}"] if locked else [])
+                    + ([] if len(locked) == len(run.skipped) else
+                       ["replace each file that is no regular file by the file it stands for"]))
+    return _nothing_analyzed(
+        run, "each of its event files and traces was left out, unread: "
+             + "; ".join(left_out(p, what) for p, what in run.skipped),
+        f"{fix}, then analyze again")
 
 
 def _corrupt(run: Run, damage: Damage, steps: int) -> Finding:

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ...profiling.analyze import analyze_run
 from ...profiling.reader import EventReader
-from ...profiling.logdir import EVENTS_MARK, find_runs
+from ...profiling.logdir import EVENTS_MARK, find_runs, left_out, no_permission
 from ...profiling.trace import is_trace
 
 #: An ablation result a run may hold (written by the ablation report); shown as a table.
@@ -97,25 +97,30 @@ class TabData:
         # found once stays found, unless replaced)
         self._reader = EventReader()
 
-    def _folders(self) -> Dict[str, str]:
+    def _folders(self, unreadable: Optional[List[Tuple[str, str]]] = None) -> Dict[str, str]:
+        """The runs' folders by name; ``unreadable``: a list to add the folders whose runs cannot
+        be found to (:func:`.profiling.logdir.find_runs`)."""
         out = {}
         for root, group in self._roots:
             if os.path.isdir(root):
-                for f in find_runs(root):
+                for f in find_runs(root, unreadable):
                     rel = os.path.relpath(f, root)
                     out[os.path.join(group, rel) if group else rel] = f
         return out
 
     def _is_trainkit(self, folder: str) -> bool:
-        """A trace, or an event file with a ``trainkit/`` scalar (what ``analyze_run`` counts)."""
+        """A trace, or an event file with a ``trainkit/`` scalar (what ``analyze_run`` counts),
+        or one the user may not read: listed, its report saying so (TA110), where it would be
+        passed over in silence as no trainkit run."""
         try:
             names = sorted(os.listdir(folder))
         except OSError:
             return False
         if any(is_trace(n) for n in names):
             return True
-        return any(self._reader.holds_trainkit_tag(os.path.join(folder, n))
-                   for n in names if EVENTS_MARK in n)
+        events = [os.path.join(folder, n) for n in names if EVENTS_MARK in n]
+        return (any(self._reader.holds_trainkit_tag(p) for p in events)
+                or any(no_permission(p) for p in events))
 
     def _report(self, name: str, folder: str) -> Dict[str, Any]:
         asked, sig = time.monotonic(), _signature(folder)
@@ -155,6 +160,16 @@ class TabData:
         self._reader.forget({os.path.join(folder, n) for folder in folders.values()
                              for n in _listdir(folder) if EVENTS_MARK in n})
         return [name for name, folder in sorted(folders.items()) if self._is_trainkit(folder)]
+
+    def left_out(self) -> List[Dict[str, str]]:
+        """The logdir's folders whose runs cannot be found, for want of permission to list them
+        or to enter them: ``{"path", "what", "said"}`` each, ``said`` with the fix (as
+        ``trainkit analyze`` warns it); a run in one would be missing from :meth:`runs` unsaid.
+        """
+        unreadable: List[Tuple[str, str]] = []
+        self._folders(unreadable)
+        return [{"path": path, "what": what, "said": left_out(path, what)}
+                for path, what in unreadable]
 
     def has_runs(self) -> bool:
         """Cheap check for ``is_active``: a trace, or an event file with trainkit scalars."""

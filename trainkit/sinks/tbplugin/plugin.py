@@ -2,6 +2,8 @@
 
 Routes:
     ``runs``: JSON list of run names holding trainkit records or traces.
+    ``left_out``: JSON list of the logdir's folders whose runs cannot be found (no permission to
+    list or to enter them), each ``{"path", "what", "said"}`` (``said``: with the fix).
     ``report?run=RUN``: JSON with the step breakdown, findings, ablation and trace names.
     ``trace?run=RUN&file=NAME``: one of the run's listed traces, as a download.
     ``index.js``: the frontend (plain DOM, no framework, nothing fetched from the network).
@@ -78,6 +80,7 @@ class TrainkitPlugin(base_plugin.TBPlugin):
     def get_plugin_apps(self) -> Dict[str, Callable[..., Any]]:
         return {
             "/runs": self._serve_runs,
+            "/left_out": self._serve_left_out,
             "/report": self._serve_report,
             "/trace": self._serve_trace,
             "/index.js": self._serve_static,
@@ -92,6 +95,10 @@ class TrainkitPlugin(base_plugin.TBPlugin):
     @wrappers.Request.application
     def _serve_runs(self, request: Any) -> wrappers.Response:
         return _json(request, self.data.runs())
+
+    @wrappers.Request.application
+    def _serve_left_out(self, request: Any) -> wrappers.Response:
+        return _json(request, self.data.left_out())
 
     @wrappers.Request.application
     def _serve_report(self, request: Any) -> wrappers.Response:

@@ -156,6 +156,19 @@ function skipped(rep) {
     '; trainkit analyze on this logdir says how to fix each.')];
 }
 
+// The logdir's folders whose runs cannot be found (no permission to list or to enter them):
+// said above the runs, which would otherwise lack theirs without a word.
+async function leftOut() {
+  let list;
+  try {
+    list = await getJson('./left_out');
+  } catch (err) {
+    return [el('p', {class: 'medium', id: 'left-out'}, 'folders left out of this logdir cannot be listed: ' + String(err))];
+  }
+  if (!list.length) return [];
+  return [el('p', {class: 'medium', id: 'left-out'}, 'Not read: ' + list.map((f) => f.said).join('; ') + '.')];
+}
+
 let shown = null;  // the run on screen: a re-check for a trace being written is for it only
 let recheck = null;
 
@@ -189,6 +202,7 @@ export async function render() {
     document.body.append(el('p', {class: 'high'}, 'trainkit runs cannot be listed: ' + String(err)));
     return;
   }
+  document.body.append(...await leftOut());
   if (!runs.length) {
     document.body.append(el('p', {}, 'No trainkit runs in this logdir: record one with tk.session(logdir=...).'));
     return;
