@@ -57,3 +57,37 @@ def test_ctrl_c_in_python_m_entry_points_is_said_in_a_line(tmp_path, module, tar
     assert proc.returncode == -signal.SIGINT, (proc.returncode, proc.stderr[-3000:])
     assert proc.stderr == f"trainkit {command}: interrupted\n", proc.stderr[-3000:]
     assert proc.stdout == ""
+
+
+# The console script (``from trainkit.cli import main; sys.exit(main())``), with a real SIGINT sent
+# while MODULE, the subcommand's, is being imported (as its import is asked for): a Ctrl-C in the
+# first moments of ``trainkit lint`` (its rules take ~0.2 s to import) or ``trainkit analyze``.
+_IMPORTING = """
+import importlib.abc, os, signal, sys
+module = sys.argv.pop(1)
+class Interrupt(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == module:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, Interrupt())
+from trainkit.cli import main
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("module, command", [("trainkit.lint.cli", "lint"),
+                                             ("trainkit.profiling.cli", "analyze")])
+def test_ctrl_c_while_the_subcommand_imports_is_said_in_a_line(tmp_path, module, command):
+    """The parser was built (the subcommand's module imported) before the Ctrl-C was handled:
+    a KeyboardInterrupt traceback out of importlib, where later it is one line."""
+    (tmp_path / "train.py").write_text("x = 1\n")
+    (tmp_path / "driver.py").write_text(_IMPORTING)
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "driver.py"), module, command, str(tmp_path)],
+        env=_env(), cwd=REPO, capture_output=True, text=True, timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.returncode == -signal.SIGINT, (proc.returncode, proc.stderr[-3000:])
+    assert proc.stderr == f"trainkit {command}: interrupted\n", proc.stderr[-3000:]
+    assert proc.stdout == ""
