@@ -16,17 +16,73 @@ F = Callable[..., Any]
 
 def decorate(name: str, fn: Any, region_of: Callable[[str], Any]) -> Any:
     """``@tk.profile_region(name)`` above ``fn``: each call timed (each resumption of a
-    generator function's generator); what a region cannot time as a function is refused."""
+    generator function's generator); what a region cannot time as a function is refused. A
+    callable object comes back as a :class:`TimedObject`, its attributes its own."""
     _check_decorated(name, fn)
-    if inspect.isgeneratorfunction(fn):
-        return _timed_generator(name, fn, region_of)
+    routine = inspect.isroutine(fn)
+    # a partial of one is a generator function too; an object is one whose __call__ is
+    if inspect.isgeneratorfunction(fn) or (
+            not routine and inspect.isgeneratorfunction(getattr(type(fn), "__call__", None))):
+        timed = _timed_generator(name, fn, region_of)
+    else:
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            with region_of(name):
+                return fn(*args, **kwargs)
 
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with region_of(name):
-            return fn(*args, **kwargs)
+    return timed if routine else TimedObject(name, fn, timed)
 
-    return wrapper
+
+class TimedObject:
+    # No docstring: __doc__ is the object's (below). A callable object (an instance with
+    # __call__, a functools.partial) decorated: its calls timed, and everything else the object's
+    # own. functools.wraps on a function in its place copied no attribute of its class (obj.extra
+    # worked, wrapped.extra raised AttributeError) and a snapshot of its instance's, which went
+    # stale as the object changed them; and the function could not be pickled (a collate_fn sent
+    # to DataLoader workers that spawn). Attributes are read, set and deleted on the object;
+    # isinstance() is not the object's (a model, where that matters, is refused).
+    __slots__ = ("__wrapped__", "_tk_name", "_tk_call")
+
+    def __init__(self, name: str, obj: Any, call: F) -> None:
+        object.__setattr__(self, "__wrapped__", obj)
+        object.__setattr__(self, "_tk_name", name)
+        object.__setattr__(self, "_tk_call", call)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._tk_call(*args, **kwargs)
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr in TimedObject.__slots__:  # not set yet (a copy being made): no recursion
+            raise AttributeError(attr)
+        return getattr(self.__wrapped__, attr)
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        setattr(self.__wrapped__, attr, value)
+
+    def __delattr__(self, attr: str) -> None:
+        delattr(self.__wrapped__, attr)
+
+    def __dir__(self) -> List[str]:
+        return dir(self.__wrapped__)
+
+    def __repr__(self) -> str:
+        return f"<tk.profile_region({self._tk_name!r}) timing {self.__wrapped__!r}>"
+
+    def __reduce__(self) -> Any:
+        # the object pickled, decorated again where it is loaded
+        return _decorated_again, (self._tk_name, self.__wrapped__)
+
+    @property  # type: ignore[misc]
+    def __doc__(self) -> Optional[str]:  # type: ignore[override]
+        return getattr(self.__wrapped__, "__doc__", None)
+
+
+def _decorated_again(name: str, obj: Any) -> Any:
+    """``obj`` decorated with ``tk.profile_region(name)``, as a pickled :class:`TimedObject`
+    is loaded."""
+    from .regions import profile_region  # regions imports this module
+
+    return profile_region(name)(obj)
 
 
 def _check_decorated(name: str, fn: Any) -> None:

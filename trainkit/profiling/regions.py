@@ -317,7 +317,9 @@ def profile_region(name: str) -> _Region:
 
     On a generator function, each resumption is timed (the work that makes each item, not the
     consumer's between items); a class or an async function is refused (a call would time only
-    its construction, or the creation of its coroutine).
+    its construction, or the creation of its coroutine). On a callable object (an instance with
+    ``__call__``, a ``functools.partial``), ``tk.profile_region("collate")(obj)`` times its calls
+    and is the object for the rest: its attributes are read and set on it.
 
     Inside code that ``torch.compile`` traces (a compiled model's ``forward``), a region records
     nothing and costs the graph nothing (timing it would break the graph in two, on every call):
