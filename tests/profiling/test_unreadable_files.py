@@ -203,3 +203,17 @@ globalThis.fetch = async (url) => ({ok: true, status: 200,
                                  f"analyzed; make it readable (chmod u+rx {folder}); "
                                  f"{unentered!r} is {NO_ENTER}"), out.stdout
     assert "No trainkit runs in this logdir" in out.stdout
+
+
+def test_the_tab_reads_a_file_once_made_readable(logdir):
+    """The tab's report was kept while the run's files kept their sizes and times, which a chmod
+    leaves: the file made readable as the page says stayed "not read" until the server ended."""
+    root, (_, _, trace, _) = logdir
+    done = _run("-c", "import os, sys, json; from trainkit.sinks.tbplugin.data import TabData; "
+                "d = TabData(sys.argv[1]); before = d.report('d')['skipped']; "
+                "os.chmod(sys.argv[2], 0o644); print(json.dumps([before, d.report('d')]))",
+                root, trace)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, after = json.loads(done.stdout)
+    assert before == [[TRACE, "a file you have no permission to read"]]
+    assert after["skipped"] == [] and TRACE in after["writing"] + after["traces"], after

@@ -21,7 +21,9 @@ NO_ABLATION = "no ablation recorded"
 # the tab has data, and a run of 200,000 steps is scanned in ~0.1 s, parsed in ~1.5 s.
 
 
-def _signature(folder: str) -> Tuple[Tuple[str, int, float], ...]:
+def _signature(folder: str) -> Tuple[Tuple[str, int, float, int], ...]:
+    """What a run's report is kept for: its files' names, sizes, times and modes (a file made
+    readable by the chmod its report says is read then: chmod changes no size or time)."""
     out = []
     for name in sorted(os.listdir(folder)):
         if EVENTS_MARK in name or is_trace(name) or name == ABLATION_FILE:
@@ -29,7 +31,7 @@ def _signature(folder: str) -> Tuple[Tuple[str, int, float], ...]:
                 st = os.stat(os.path.join(folder, name))
             except OSError:
                 continue
-            out.append((name, st.st_size, st.st_mtime))
+            out.append((name, st.st_size, st.st_mtime, st.st_mode))
     return tuple(out)
 
 
