@@ -68,3 +68,56 @@ def test_nesterov_sgd_whose_momentum_moves_steps_as_eager_and_says_so() -> None:
     assert (rec[0].filename, rec[0].lineno) == (__file__, step_line)
     for p, q in zip(model.parameters(), eager.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+
+
+def test_nesterov_switch_to_eager_where_warnings_are_errors_raises_before_the_step() -> None:
+    """Under ``python -W error`` the switch was made before its warning was raised: that call's
+    update was not taken, and every later call ran eagerly without a word. Now the warning is
+    raised before anything changes, at each call until it is let through; let through, the step
+    runs eagerly, equal to eager bit for bit (float64)."""
+    def make(m: Any) -> Any:
+        return torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(),
+                                torch.nn.Linear(8, 3)).double()
+    model = copy.deepcopy(eager)
+    ref_opt, opt = make(eager), tk.patch(make(model), compile=True)
+    scheds = [torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.1, total_steps=12)
+              for o in (ref_opt, opt)]
+    x = torch.randn(10, 6, dtype=torch.float64)
+
+    def now() -> list:
+        return ([p.detach().clone() for p in model.parameters()]
+                + [s["momentum_buffer"].clone() for s in opt.state.values()]
+                + [dict(g, params=None) for g in opt.param_groups])
+
+    raised = 0
+    for _ in range(6):
+        for m, o, s in ((eager, ref_opt, scheds[0]), (model, opt, scheds[1])):
+            m(x).pow(2).mean().backward()
+            if o is opt:
+                for _tries in range(2):  # asked again: still raised, still nothing changed
+                    before = now()
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("error")
+                        try:
+                            o.step()
+                            break
+                        except RuntimeWarning as said:
+                            assert "194976" in str(said)
+                            raised += 1
+                    after = now()
+                    assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+                               for a, b in zip(before, after, strict=True))
+                else:
+                    with pytest.warns(RuntimeWarning, match="194976.*runs eagerly"):
+                        o.step()  # let through: the step runs, eagerly from here
+            else:
+                o.step()
+            o.zero_grad()
+            s.step()
+    assert raised == 2
+    assert all(type(g["lr"]) is float for g in opt.param_groups)
+    for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+        assert torch.equal(p, q)

@@ -155,7 +155,7 @@ class _Compiled:
                 saved.extend(hyper.swap_in())
                 expected = expected or hyper.expect_compile
                 if hyper.needs_eager and not self.eager:
-                    self._go_eager()
+                    self._go_eager()  # raised (-W error): before the step, nothing changed
             if self.eager:  # with the Python values: as an uncompiled step, bit for bit
                 HyperTensors.restore(saved)
                 saved = []
@@ -173,9 +173,13 @@ class _Compiled:
                                expected=expected)
 
     def _go_eager(self) -> None:
+        """Run the step eagerly from this call on, and say so. Said first: where the warning
+        filters make it an error (``python -W error``) it is raised before the step, with nothing
+        changed (the step not taken, the next call asks again), as torch raises before a step.
+        Switched first, the call raised with its update not taken, and every later call ran
+        eagerly without a word."""
         import torch
 
-        self.eager = True
         warnings.warn(
             f"trainkit.compiled_step({self.name}): an LR scheduler moves the momentum of this "
             f"nesterov SGD (OneCycleLR, or CyclicLR with cycle_momentum=True), and torch's "
@@ -184,6 +188,7 @@ class _Compiled:
             f"uncompiled one. To keep it compiled: SGD(..., foreach=True), or "
             f"OneCycleLR(..., cycle_momentum=False)", RuntimeWarning,
             stacklevel=user_stacklevel(past_torch=True))  # past a scheduler's step wrapper
+        self.eager = True
 
     def _compiled(self, seconds: float, recompiled: bool, fails0: int, *,
                   expected: bool = False) -> None:
