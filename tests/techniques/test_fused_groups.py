@@ -6,6 +6,7 @@ defaults for the others.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterator, List, Tuple
 
 import pytest
@@ -123,3 +124,31 @@ def test_a_loaded_group_the_fused_step_refuses_switches_the_optimizer_back() -> 
     assert _values(opt) == [(None, None)]
     tk.unpatch(opt)
     assert _values(opt) == [(None, None)]
+
+
+def test_switched_back_where_warnings_are_errors_the_add_and_the_load_complete() -> None:
+    """Under ``python -W error`` the switch-back's warning was raised out of the hook that gives
+    it: ``add_param_group`` raised with the group added (torch's own retry then refused the
+    parameters as in two groups), and ``load_state_dict`` raised with the checkpoint loaded and
+    the post-hooks after trainkit's (a compiled step's, your own) not run. It is shown, not
+    raised: both complete as unpatched, and the optimizer runs its own values."""
+    opt = _switched(True)
+    ran: List[Any] = []
+    opt.register_load_state_dict_post_hook(ran.append)  # after trainkit's (prepended) one
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("error")
+        opt.add_param_group({"params": [_param(torch.complex64)]})
+        assert len(opt.param_groups) == 2 and _values(opt) == [(None, None)] * 2
+        assert "add_param_group" in str(shown[-1].message)
+        opt = _switched(True)
+        opt.register_load_state_dict_post_hook(ran.append)
+        _train(opt)
+        saved = opt.state_dict()
+        saved["param_groups"][0]["differentiable"] = True
+        opt.load_state_dict(saved)
+    assert ran == [opt] and _values(opt) == [(None, None)]
+    assert "load_state_dict" in str(shown[-1].message)
+    assert all(w.category is RuntimeWarning for w in shown) and len(shown) == 2
+    assert all(w.filename == __file__ for w in shown)  # at the user's call, past torch's
+    _train(opt)
+    tk.unpatch(opt)

@@ -29,13 +29,12 @@ shares the original's.
 from __future__ import annotations
 
 import copy
-import warnings
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional
 
 from .._optcalls import rebind, unbind
-from .._text import brief, user_stacklevel
+from .._text import brief, say, user_stacklevel
 from ._fused_steps import OwnValues, host_steps, hooks
 
 _AMP = "_step_supports_amp_scaling"
@@ -102,9 +101,14 @@ class Switch:
     def _off(self, opt: Any, why: str, what: str) -> None:
         """Switch ``opt`` back to its own values and say so: torch's fused step refuses ``what``
         (groups that arrived) for ``why``, and an optimizer it refuses at the patch is left as it
-        is. The hooks stay (torch may be running them, from their registry): they pass through."""
+        is. The hooks stay (torch may be running them, from their registry): they pass through.
+
+        Shown, never raised, where the warning filters make it an error (``python -W error``):
+        raised out of ``add_param_group`` it said the group was not added when it was, and out
+        of ``load_state_dict``'s hook it skipped the hooks after this one (a compiled step's
+        state keeper, the user's own) with the checkpoint loaded."""
         self._restore(opt)
-        warnings.warn(
+        say(
             f"trainkit: the fused=True override no longer applies to {brief(opt)}: torch's "
             f"fused step refuses {what} ({why}), so its groups run their own update from here "
             f"on, as unpatched (from here the run measures no fused update). To measure fused, "
