@@ -143,16 +143,44 @@ def step_signature(saved: Tuple[Any, bool]) -> Optional[inspect.Signature]:
                        + params)
 
 
-def closure_of(args: Any, kwargs: Any) -> Any:
+#: What code writes as a closure: a ``def``, a lambda, a bound method, a partial of one.
+_FUNCTIONS = (types.FunctionType, types.MethodType, types.BuiltinFunctionType,
+              types.BuiltinMethodType, functools.partial)
+
+
+def first_parameter(saved: Tuple[Any, bool]) -> Optional[str]:
+    """The name of the parameter of a patched step (kept as :func:`unbind` gives it) that takes
+    a call's first positional argument; None where it cannot be told (no signature, or
+    ``*args``), for :func:`closure_of`."""
+    sig = step_signature(saved)
+    params = list(sig.parameters.values())[1:] if sig is not None else []  # past the optimizer
+    if not params or params[0].kind not in (inspect.Parameter.POSITIONAL_ONLY,
+                                            inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        return None
+    return params[0].name
+
+
+def closure_of(args: Any, kwargs: Any, first: Optional[str] = "closure") -> Any:
     """The closure a ``step(...)`` call passes, or None (a custom optimizer's first positional
     argument may be something else, e.g. the loss, or the model it reads: it is passed on
-    untouched). A model is callable, but no closure: wrapped in a timed one, the step that read
-    it (``model.parameters()``) got a function."""
+    untouched). ``first`` names the step's parameter that takes that argument
+    (:func:`first_parameter`; None where unknown).
+
+    A model is callable, but no closure: wrapped in a timed one, the step that read it
+    (``model.parameters()``) got a function. So is an object with ``__call__`` passed to a step
+    whose parameter is not named ``closure`` (``step(self, teacher)`` reading
+    ``teacher.temperature``): only a function, a method or a partial is taken for a closure there.
+    A step's ``closure`` parameter takes what it is given: torch calls it with no arguments.
+    """
     closure = kwargs.get("closure", args[0] if args else None)
     if not callable(closure):
         return None
     torch = sys.modules.get("torch")  # a model exists only once torch is imported
-    return None if torch is not None and isinstance(closure, torch.nn.Module) else closure
+    if torch is not None and isinstance(closure, torch.nn.Module):
+        return None
+    if "closure" in kwargs or first in ("closure", None) or isinstance(closure, _FUNCTIONS):
+        return closure
+    return None
 
 
 def run_closure(closure: Callable[[], Any], s: Any) -> Any:

@@ -27,7 +27,8 @@ from typing import Any, Callable, Optional
 
 from . import _optstate, timing
 from ._optcalls import ZERO_GRAD_SIGNATURE, closure_of as _closure_of, ran_closure as _ran_closure, \
-    rebind, referent, run_closure as _run_closure, timed_closure as _timed_closure, unbind
+    first_parameter as _first_parameter, rebind, referent, run_closure as _run_closure, \
+    timed_closure as _timed_closure, unbind
 from ._optstep import step_function
 from ._text import brief
 from ._wrapped import inner_optimizer, repoint_saved_step
@@ -79,6 +80,8 @@ class OptimizerPatch:
         self.session: Any = None
         #: that session's step count right after this optimizer's last step there
         self.seen_step = 0
+        #: its step's parameter for a first positional argument: what tells a closure there
+        self.first = _first_parameter(self._orig_step)
 
     orig_step = property(lambda self: rebind(self._orig_step, self._opt))
     orig_zero_grad = property(lambda self: rebind(self._orig_zero_grad, self._opt))
@@ -115,7 +118,7 @@ class OptimizerPatch:
             s.optimizer_steps_from_here()  # also for an optimizer patched inside the loop
         gate = self.gate
         if gate is not None:
-            closure = _closure_of(args, kwargs)
+            closure = _closure_of(args, kwargs, self.first)
             if closure is None:
                 if not gate.should_step():
                     return None  # inside an accumulation window: gradients keep adding up
@@ -139,7 +142,7 @@ class OptimizerPatch:
         # The session's step count at this optimizer's last step here (None: none here yet).
         seen = self.seen_step if here else None
         closure_ms = [0.0]
-        closure = _closure_of(args, kwargs)
+        closure = _closure_of(args, kwargs, self.first)
         if closure is not None:
             timed = _timed_closure(closure, closure_ms)
             if "closure" in kwargs:
