@@ -46,3 +46,23 @@ def test_region_given_no_callable_shows_how_to_decorate(bad):
     assert f"got {bad!r}" in said
     assert "@tk.profile_region('step') above def" in said
     assert "with tk.profile_region('step')" in said
+
+
+class _Fetch:
+    async def __call__(self, n):
+        return n
+
+
+class _Stream:
+    async def __call__(self, n):
+        yield n
+
+
+@pytest.mark.parametrize("make", [_Fetch, _Stream, lambda: functools.partial(_Fetch(), 1)],
+                         ids=["async-call", "async-generator-call", "partial-of-one"])
+def test_region_refuses_an_object_whose_call_is_async(make):
+    # It was taken: the TimedObject timed only the creation of the coroutine, not its work
+    obj = make()
+    with pytest.raises(TypeError, match=r"async function '_(Fetch|Stream)\.__call__'.*"
+                                        r"with tk.profile_region\('io'\)"):
+        tk.profile_region("io")(obj)

@@ -21,8 +21,7 @@ def decorate(name: str, fn: Any, region_of: Callable[[str], Any]) -> Any:
     _check_decorated(name, fn)
     routine = inspect.isroutine(fn)
     # a partial of one is a generator function too; an object is one whose __call__ is
-    if inspect.isgeneratorfunction(fn) or (
-            not routine and inspect.isgeneratorfunction(getattr(type(fn), "__call__", None))):
+    if inspect.isgeneratorfunction(_runs(fn)):
         timed = _timed_generator(name, fn, region_of)
     else:
         @functools.wraps(fn)
@@ -108,10 +107,18 @@ def _check_decorated(name: str, fn: Any) -> None:
                         f"without its .parameters(), .to() or state_dict(); decorate the "
                         f"method of its class (@tk.profile_region({name!r}) above "
                         f"def forward), or {fix}")
-    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+    runs = _runs(fn)  # an object's async __call__ too (a partial of one): it was timed
+    if any(inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f) for f in (fn, runs)):
         raise TypeError(f"profile_region({name!r}) decorates a plain function, got the async "
-                        f"function {getattr(fn, '__qualname__', fn)!r}: a call only creates its "
-                        f"coroutine, so nothing of its work would be timed; {fix}")
+                        f"function {getattr(runs, '__qualname__', runs)!r}: a call only creates "
+                        f"its coroutine, so nothing of its work would be timed; {fix}")
+
+
+def _runs(fn: Any) -> Any:
+    """The function a call of ``fn`` runs: under its partials, an object's ``__call__``."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn if inspect.isroutine(fn) else getattr(type(fn), "__call__", fn)
 
 
 def _getter_name(prop: Any) -> str:
