@@ -93,3 +93,19 @@ def test_a_copy_carries_none_of_the_switchs_hooks() -> None:
     assert len(opt._optimizer_load_state_dict_post_hooks) == 1  # the original keeps its own
     tk.unpatch(opt)
     assert opt.param_groups[0]["fused"] is None and "__getstate__" not in opt.__dict__
+
+
+def test_a_shallow_copy_of_a_switched_optimizer_has_its_own_values_in_groups_of_its_own() -> None:
+    """``copy.copy`` of an unpatched optimizer shares its groups, defaults and state. Of a
+    switched one it gets groups and defaults of its own, with their own values, as ``pickle``
+    and ``deepcopy`` do (trainkit.techniques._fused_switch says why), and shares the parameters
+    and the moments; without the guard it shared the switched groups: fused, with no patch."""
+    plain, opt = _trained(torch.optim.Adam, False), _trained(torch.optim.Adam, True)
+    want, dup = copy.copy(plain), copy.copy(opt)
+    assert want.param_groups is plain.param_groups and want.state is plain.state  # torch's
+    assert dup.param_groups is not opt.param_groups and _seen(dup) == _seen(want)
+    p = opt.param_groups[0]["params"][0]
+    assert dup.param_groups[0]["params"][0] is p
+    assert dup.state[p]["exp_avg"] is opt.state[p]["exp_avg"]
+    assert opt.param_groups[0]["fused"] is True and opt.defaults["fused"] is True
+    tk.unpatch(opt)

@@ -23,8 +23,11 @@ switched too (``fused=True`` in its groups and defaults, its steps hosted for th
 and stayed so, with no patch to undo it. The patch gives a switched optimizer an instance
 ``__getstate__`` (trainkit._optstate.guard) that hands over, through :meth:`Switch.unswitched`,
 what the unpatched optimizer would: copies of its groups and defaults with their own values, its
-steps hosted for them. A shallow ``copy.copy`` so gets groups of its own where the unpatched one's
-shares the original's.
+steps hosted for them. A shallow ``copy.copy`` so gets groups and defaults of its own (sharing the
+parameters and the moments) where the unpatched one's shares the original's, on purpose:
+``copy.copy`` takes the same instance ``__getstate__`` as ``pickle`` (it looks ``__copy__`` up on
+the class, torch's), so it cannot be handed the live groups alone; and a copy sharing them is an
+optimizer switched with no patch of its own, fused for good once the original is gone.
 """
 from __future__ import annotations
 
