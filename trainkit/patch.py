@@ -12,11 +12,10 @@ A patched ``optimizer.step`` is one pipeline, each technique a stage, all meetin
   session, ``step_time_ms`` (wall time between consecutive real steps).
 
 The patch only adds instance attributes (``step``, ``zero_grad``, the state; ``add_param_group``
-under the fused switch), which ``Optimizer.__getstate__`` leaves out: ``state_dict``, pickling and
-``copy.deepcopy`` see an unpatched optimizer (a class whose own ``__getstate__`` returns its
-``__dict__``, or an optimizer whose ``fused`` the ablation switched, gets an instance one that
-leaves them out: trainkit/_optstate.py). The new ``step`` is a bound method, as LR schedulers expect (they wrap
-``optimizer.step.__func__``), whether they are created before or after the patch.
+under the fused switch), which ``Optimizer.__getstate__`` leaves out, so ``state_dict``, pickle
+and ``copy.deepcopy`` see an unpatched optimizer (trainkit/_optstate.py: an instance one for a
+class returning its ``__dict__``, or a switched optimizer). The new ``step`` is a bound method,
+as LR schedulers (which wrap ``optimizer.step.__func__``) expect, made before or after the patch.
 """
 from __future__ import annotations
 
@@ -59,8 +58,7 @@ class OptimizerPatch:
         # the loop dropped it, until a full collection. ``orig_step`` binds on each lookup.
         self._orig_step = unbind(opt.step, opt)
         self._orig_zero_grad = unbind(opt.zero_grad, opt)
-        #: a step that replaces its own (compiled), or None
-        self._core: Optional[Callable[..., Any]] = None
+        self._core: Optional[Callable[..., Any]] = None  #: a step replacing its own (compiled)
         #: False once unpatched: a step kept from before (an LR scheduler's wrapper) falls through
         self.live = True
         #: the accumulation gate, set by ``tk.accumulate`` while its block runs.
@@ -80,8 +78,7 @@ class OptimizerPatch:
         self.session: Any = None
         #: that session's step count right after this optimizer's last step there
         self.seen_step = 0
-        #: its step's parameter for a first positional argument: what tells a closure there
-        self.first = _first_parameter(self._orig_step)
+        self.first = _first_parameter(self._orig_step)  #: tells a closure from other arguments
 
     orig_step = property(lambda self: rebind(self._orig_step, self._opt))
     orig_zero_grad = property(lambda self: rebind(self._orig_zero_grad, self._opt))
