@@ -116,12 +116,16 @@ def say(message: str, category: type, stacklevel: int = 2) -> None:
         warnings.showwarning(message, category, *where)
 
 
-def say_all(said: List[Tuple[Optional[str], type]], stacklevel: int = 2) -> None:
+def say_all(said: List[Tuple[Optional[str], type]], stacklevel: int = 2, *,
+            shown: bool = False) -> None:
     """``warnings.warn`` each ``(message, category)`` of ``said`` in turn (a None message: none),
     once the work they report on is done (a session's close: threads stopped, files closed,
     handlers restored).
     Where the warning filters make them errors (``python -W error``), the first is raised, after
-    every later one is shown (:func:`say`): raised as it came, it skipped the rest unsaid.
+    every later one is shown (:func:`say`): raised as it came, it skipped the rest unsaid. With
+    ``shown`` all are shown, none raised: for a caller nobody can catch them from (an atexit
+    callback, whose exception Python prints as "Exception ignored in atexit callback" with a
+    traceback; a SIGTERM handler that ends the process by the signal right after).
 
     Example::
 
@@ -135,7 +139,7 @@ def say_all(said: List[Tuple[Optional[str], type]], stacklevel: int = 2) -> None
     for message, category in said:
         if message is None:
             continue
-        if first is not None:
+        if first is not None or shown:
             say(message, category, stacklevel=stacklevel + 1)
             continue
         try:

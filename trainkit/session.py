@@ -187,6 +187,10 @@ class Session(StepCounter):
 
     def close(self) -> None:
         """Flush everything recorded and close the event files. Safe to call twice."""
+        self._close(shown=False)
+
+    def _close(self, *, shown: bool) -> None:
+        # shown: the close's warnings are shown, never raised (see _close_active)
         global _active
         if os.getpid() != self._pid:  # a forked child (a DataLoader worker) writes nothing
             if _active is self:
@@ -239,7 +243,7 @@ class Session(StepCounter):
         from .switches import unread
 
         said.append((unread(self), RuntimeWarning))  # TRAINKIT_TECHNIQUES misspelled?
-        say_all(said, stacklevel=user_stacklevel())
+        say_all(said, stacklevel=user_stacklevel(), shown=shown)
 
     def _record_optimizers(self) -> None:
         """The optimizers patched at the end, and whether each stepped here (for TA110)."""
@@ -355,9 +359,11 @@ def _activate(s: Session) -> None:
 
 
 def _close_active() -> None:
+    """Close the active session at the process's end (atexit, SIGTERM): its warnings are shown,
+    never raised, where the filters make them errors (nobody can catch them there)."""
     s = _active
     if s is not None:
-        s.close()
+        s._close(shown=True)
 
 
 def session(logdir: Optional[Union[str, "os.PathLike[str]"]] = None, *, profile: Any = None,
