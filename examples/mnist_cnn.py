@@ -12,6 +12,7 @@ pinned). The knobs the article tunes by hand (workers, pinned memory, batch size
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 from torch.utils.data import DataLoader
@@ -32,6 +33,23 @@ def positive_int(text: str) -> int:
     return value
 
 
+def run_folder(text: str) -> str:
+    """argparse's type for --logdir: a file, or a folder that cannot be written, is said as a
+    usage error (exit 2) up front, not as the session's traceback once the data is made."""
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty, e.g. --logdir runs/exp1")
+    there = os.path.abspath(os.path.expanduser(text))
+    while not os.path.lexists(there):  # the folder the session will make it in
+        there = os.path.dirname(there)
+    if not os.path.isdir(there):
+        raise argparse.ArgumentTypeError(f"{text!r}: {there!r} is not a folder; give a folder "
+                                         f"(made if missing), e.g. --logdir runs/exp1")
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text!r}: {there!r} is not writable; give a folder "
+                                         f"you can write to, e.g. --logdir runs/exp1")
+    return text
+
+
 def main() -> None:
     # RawDescription: the docstring's usage line stays a line of its own in --help
     parser = argparse.ArgumentParser(description=__doc__,
@@ -40,7 +58,7 @@ def main() -> None:
                         help="passes over the training images (default: %(default)s)")
     parser.add_argument("--train-size", type=positive_int, default=3200, metavar="N",
                         help="training images, made as they are read (default: %(default)s)")
-    parser.add_argument("--logdir", default="runs/mnist-cnn", metavar="DIR",
+    parser.add_argument("--logdir", type=run_folder, default="runs/mnist-cnn", metavar="DIR",
                         help="TensorBoard run folder (default: %(default)s)")
     args = parser.parse_args()
 
