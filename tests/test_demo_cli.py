@@ -49,6 +49,17 @@ def test_an_unwritable_default_folder_exits_2_naming_it(tmp_path, monkeypatch, c
     assert "Traceback" not in err
 
 
+def test_the_help_names_the_options_values_as_the_messages_do(capsys):
+    """The help said --logdir LOGDIR and --max-seconds MAX_SECONDS, the messages (above)
+    --logdir DIR and the examples --epochs N."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["demo", "--help"])
+    assert exited.value.code == 0
+    usage = " ".join(capsys.readouterr().out.split("\n\n", 1)[0].split())
+    assert usage == ("usage: trainkit demo [-h] [--logdir DIR] [--epochs N] [--train-size N] "
+                     "[--max-seconds SECONDS] [--batch-size N] [--no-progress]")
+
+
 @pytest.mark.parametrize("name", ["afile", "a file's"])
 def test_a_logdir_that_is_a_file_is_said_as_the_option_with_its_fix(tmp_path, capsys, name):
     # It said the Python call's words: "session(logdir='afile') ... e.g. logdir='afile_runs'".

@@ -26,17 +26,18 @@ _SUBCOMMANDS: Dict[str, Tuple[str, str]] = {
 
 
 def _demo_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--logdir",
+    p.add_argument("--logdir", metavar="DIR",
                    help="run folder (default: runs/demo-<date>-<time>, a new one each run); a "
                         "folder that holds an earlier run gets this one beside it, and "
                         "TensorBoard shows the two as one run")
-    p.add_argument("--epochs", type=int, default=2, help="passes over the data (default: 2)")
-    p.add_argument("--train-size", type=int, default=6400,
+    p.add_argument("--epochs", type=int, default=2, metavar="N",
+                   help="passes over the data (default: 2)")
+    p.add_argument("--train-size", type=int, default=6400, metavar="N",
                    help="training images, any number: more than fit in memory are made as they "
                         "are used (default: 6400)")
-    p.add_argument("--max-seconds", type=float, default=50.0,
+    p.add_argument("--max-seconds", type=float, default=50.0, metavar="SECONDS",
                    help="stop training after this long (default: 50)")
-    p.add_argument("--batch-size", type=int, default=64,
+    p.add_argument("--batch-size", type=int, default=64, metavar="N",
                    help="batch size (default: 64; under torchrun, each rank's)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress (else a bar on a terminal; into a file or a pipe, a line "
