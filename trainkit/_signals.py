@@ -1,9 +1,10 @@
-"""SIGTERM and SIGINT around a session.
+"""SIGTERM, SIGHUP and SIGINT around a session.
 
-On SIGTERM the active session is flushed and closed, then the signal is raised again with the
-previous handler, so the exit status is the one the process would have had (a handler of the
+On SIGTERM, and on SIGHUP (the terminal closed, ``kill -HUP``: by default it too ends the process
+at once, and lost every record since the last write), the active session is flushed and closed,
+then the signal is raised again with the previous handler, so the exit status is the one the process would have had (a handler of the
 user's that lets the process live on gets a flush, and the session goes on recording). While a
-session closes, both signals are held and act once everything is written, and so is SIGCHLD: a
+session closes, these signals are held and act once everything is written, and so is SIGCHLD: a
 DataLoader's handler for it (torch's) raises when one of its workers died, as they do when a
 SIGTERM goes to the whole process group (a job scheduler's, ``kill -- -PGID``), and raised inside
 the final write it lost the run's last records. Python sets signal handlers only in the main
@@ -23,9 +24,12 @@ import sys
 import threading
 from typing import Any, Dict, Iterator, List
 
-#: The signals held while a session writes: SIGCHLD where there is one (not on Windows).
-_HELD = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGCHLD,) if hasattr(signal, "SIGCHLD") else ())
-_prev_sigterm: Any = None
+#: The signals that end a process by default, and that flush and close the session first:
+#: SIGHUP where there is one (not on Windows).
+_ENDING = (signal.SIGTERM,) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
+#: The signals held while a session writes: SIGCHLD where there is one.
+_HELD = (signal.SIGINT,) + _ENDING + ((signal.SIGCHLD,) if hasattr(signal, "SIGCHLD") else ())
+_prev: Dict[int, Any] = {}  # signal -> its handler before install()
 _installed = False
 _exit_hooks_pid = 0  # the process whose exit closes the active session
 
@@ -36,8 +40,9 @@ def _session_module() -> Any:
 
 
 def on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM's and SIGHUP's handler while a session records."""
     S = _session_module()
-    prev = _prev_sigterm
+    prev = _prev.get(signum)
     if callable(prev) or prev == signal.SIG_IGN:
         # The process may live on (a handler that sets a "stop after this epoch" flag, or one
         # that ignores SIGTERM): write what is recorded, and keep recording.
@@ -52,7 +57,7 @@ def on_sigterm(signum: int, frame: Any) -> None:
             _replay(came)  # after the user's handler, as they would have come without trainkit
         return
     # Default action: flush and close, then die by the signal, so that the parent sees the same
-    # exit status as without trainkit. A DataLoader's workers killed by the same SIGTERM (sent
+    # exit status as without trainkit (a shell's 143 or 129). A DataLoader's workers killed by the same SIGTERM (sent
     # to the process group) would have torch raise its "worker killed" error here, after the
     # close, in place of the exit by SIGTERM: the process is ending, so SIGCHLD is let be.
     if hasattr(signal, "SIGCHLD"):
@@ -61,8 +66,8 @@ def on_sigterm(signum: int, frame: Any) -> None:
         S._close_active()
     finally:
         release()
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
 
 def _close_active() -> None:
@@ -84,9 +89,9 @@ if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
 
 
 def install() -> None:
-    """Close the active session at exit, and flush it on SIGTERM (set from the main thread;
-    elsewhere SIGTERM is left alone)."""
-    global _prev_sigterm, _installed, _exit_hooks_pid
+    """Close the active session at exit, and flush it on SIGTERM and SIGHUP (set from the main
+    thread; elsewhere they are left alone)."""
+    global _installed, _exit_hooks_pid
     if _exit_hooks_pid != os.getpid():  # once per process (closing twice is a no-op)
         _exit_hooks_pid = os.getpid()
         atexit.register(_close_active)
@@ -96,24 +101,32 @@ def install() -> None:
             mp.Finalize(None, _close_active, exitpriority=100)
     if _installed or threading.current_thread() is not threading.main_thread():
         return  # signal handlers can only be set from the main thread
-    _prev_sigterm = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, on_sigterm)
+    for sig in _ENDING:
+        prev = signal.getsignal(sig)
+        if sig != signal.SIGTERM and prev == signal.SIG_IGN:
+            # nohup: SIGHUP ends nothing, and a handler here would end its ignoring in every
+            # program the script runs (exec resets a handled signal, keeps an ignored one)
+            continue
+        _prev[sig] = prev
+        signal.signal(sig, on_sigterm)
     _installed = True
 
 
 def release() -> None:
-    """Give SIGTERM back to the handler it had before :func:`install`."""
+    """Give SIGTERM and SIGHUP back to the handlers they had before :func:`install`."""
     global _installed
     if not _installed or threading.current_thread() is not threading.main_thread():
         return
-    if signal.getsignal(signal.SIGTERM) is on_sigterm:
-        signal.signal(signal.SIGTERM, _prev_sigterm if _prev_sigterm is not None else signal.SIG_DFL)
+    for sig in _ENDING:
+        if signal.getsignal(sig) is on_sigterm:
+            prev = _prev.get(sig)
+            signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
     _installed = False
 
 
 @contextlib.contextmanager
 def held(replay: bool = True) -> Iterator[List[int]]:
-    """Hold SIGINT, SIGTERM and SIGCHLD while a session writes, then let them act as they would
+    """Hold SIGINT, SIGTERM, SIGHUP and SIGCHLD while a session writes, then let them act as they would
     have: a second Ctrl-C (or torch's error for a DataLoader worker that died) during the final
     write would leave a half-closed session and lose the records the write was for. Yields the
     signals that came, in order; with ``replay=False`` the caller replays them
@@ -124,7 +137,7 @@ def held(replay: bool = True) -> Iterator[List[int]]:
         return
     saved: Dict[int, Any] = {}
     for sig in _HELD:
-        if sig not in (signal.SIGINT, signal.SIGTERM) and not callable(signal.getsignal(sig)):
+        if sig not in (signal.SIGINT,) + _ENDING and not callable(signal.getsignal(sig)):
             continue  # SIGCHLD: only a Python handler (a DataLoader's) can raise; others left be
         try:
             saved[sig] = signal.signal(sig, lambda signum, frame: came.append(signum))

@@ -3,9 +3,9 @@
 Every technique records into the active session (``active()``); with none they still work and
 record nothing. A session flushes everything recorded on ``close()``, at the end of its ``with``
 block (also when an exception leaves it, which then propagates unchanged), at interpreter exit
-(which covers an uncaught KeyboardInterrupt, and a multiprocessing child's exit), and on SIGTERM,
-after which the signal is re-raised with the previous handler so that the exit status is the one
-the process would have had (:mod:`trainkit._signals`). A forked child records nothing.
+(which covers an uncaught KeyboardInterrupt, and a multiprocessing child's exit), and on SIGTERM
+and SIGHUP, after which the signal is re-raised with the previous handler so that the exit status
+is the one the process would have had (:mod:`trainkit._signals`). A forked child records nothing.
 """
 from __future__ import annotations
 
@@ -355,12 +355,12 @@ def _check_none_active() -> None:
 def _activate(s: Session) -> None:
     global _active
     _active = s
-    _signals.install()  # closed at exit, flushed on SIGTERM
+    _signals.install()  # closed at exit, flushed on SIGTERM and SIGHUP
 
 
 def _close_active() -> None:
-    """Close the active session at the process's end (atexit, SIGTERM): its warnings are shown,
-    never raised, where the filters make them errors (nobody can catch them there)."""
+    """Close the active session at the process's end (atexit, SIGTERM, SIGHUP): its warnings are
+    shown, never raised, where the filters make them errors (nobody can catch them there)."""
     s = _active
     if s is not None:
         s._close(shown=True)
