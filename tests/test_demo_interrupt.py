@@ -16,18 +16,22 @@ from trainkit.profiling.runs import EVENTS_MARK, read_scalars
 
 
 @pytest.mark.parametrize("signum, said", [(signal.SIGINT, "interrupted"),
-                                          (signal.SIGTERM, "terminated (SIGTERM)")])
+                                          (signal.SIGTERM, "terminated (SIGTERM)"),
+                                          (signal.SIGHUP, "terminated (SIGHUP)")])
 def test_a_stop_keeps_the_run_says_where_and_dies_by_its_signal(tmp_path, signum, said):
     """Ctrl-C in training printed a 30-line KeyboardInterrupt traceback and never said that the
     steps so far were kept, nor where; a SIGTERM (`timeout 30 trainkit demo`, `kill PID`) said
-    nothing at all. The process still ends by the signal, as it did (exit 130 or 143 in a shell)."""
+    nothing at all, nor did a SIGHUP (the terminal closed). The process still ends by the signal,
+    as it did (exit 130, 143 or 129 in a shell)."""
     logdir = tmp_path / "my runs" / "demo"
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainkit", "demo", "--logdir", str(logdir), "--epochs", "1000",
          "--no-progress"], env=dict(_env(), CUDA_VISIBLE_DEVICES=""), cwd=REPO,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        # a child of its own: SIGINT is not inherited ignored (a shell's background job)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        # a child of its own: SIGINT is not inherited ignored (a shell's background job), nor
+        # SIGHUP (a test run under nohup)
+        preexec_fn=lambda: [signal.signal(sig, signal.SIG_DFL)
+                            for sig in (signal.SIGINT, signal.SIGHUP)])
     try:
         deadline = time.monotonic() + 120
         steps = []

@@ -131,49 +131,61 @@ def die_by_sigint() -> None:
 
 
 class Terminated(BaseException):
-    """A SIGTERM, raised where the process is, as KeyboardInterrupt is a SIGINT: a BaseException,
-    so that no ``except Exception`` of the work takes it for an error of its own."""
+    """A SIGTERM (or a SIGHUP: the terminal closed), raised where the process is, as
+    KeyboardInterrupt is a SIGINT: a BaseException, so that no ``except Exception`` of the work
+    takes it for an error of its own. ``signum`` is the signal, ``name`` its name."""
+
+    def __init__(self, signum: int = 15) -> None:
+        import signal
+
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
 
 
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """Within the block, a SIGTERM raises :class:`Terminated`, so that a command can say what
-    it kept (the demo's run folder) before it ends by SIGTERM (:func:`die_by_sigterm`): by
-    default the signal ends the process at once, saying nothing. A session begun inside the
+    """Within the block, a SIGTERM or a SIGHUP raises :class:`Terminated`, so that a command can
+    say what it kept (the demo's run folder) before it ends by that signal
+    (:func:`die_by_sigterm`): by default the signal ends the process at once, saying nothing. A session begun inside the
     block flushes first and then calls this handler (trainkit._signals: the handler before it).
-    Only where SIGTERM has its default action (one the caller set, or SIG_IGN, is theirs to
-    keep), from the main thread of a POSIX process; elsewhere the block runs unchanged.
+    Each only where it has its default action (one the caller set, or SIG_IGN: ``nohup``, is
+    theirs to keep), from the main thread of a POSIX process; elsewhere the block runs unchanged.
 
     Example::
 
         with sigterm_raises():
             try:
                 train()
-            except Terminated:
-                print("terminated; the run is in runs/x", file=sys.stderr)
-                die_by_sigterm()
+            except Terminated as stop:
+                print(f"terminated ({stop.name}); the run is in runs/x", file=sys.stderr)
+                die_by_sigterm(stop.signum)
     """
     import signal
     import threading
 
-    if os.name != "posix" or threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    if os.name != "posix" or threading.current_thread() is not threading.main_thread():
         yield
         return
+    sigs = [sig for sig in (signal.SIGTERM, signal.SIGHUP)
+            if signal.getsignal(sig) is signal.SIG_DFL]
 
     def terminated(signum: int, frame: Any) -> None:
-        raise Terminated()
+        raise Terminated(signum)
 
-    signal.signal(signal.SIGTERM, terminated)
+    for sig in sigs:
+        signal.signal(sig, terminated)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for sig in sigs:
+            signal.signal(sig, signal.SIG_DFL)
 
 
-def die_by_sigterm() -> None:
-    """End the process by SIGTERM (exit status 128 + 15 in a shell), as it would have ended
-    without :func:`sigterm_raises`: a job scheduler or ``timeout`` reads the status it sent.
+def die_by_sigterm(signum: int = 15) -> None:
+    """End the process by SIGTERM, or by ``signum`` (exit status 128 + 15, or 128 + 1 for a
+    SIGHUP, in a shell), as it would have ended without :func:`sigterm_raises`: a job scheduler
+    or ``timeout`` reads the status it sent.
     Only from the main thread of a POSIX process."""
     import signal
     import threading
@@ -182,5 +194,5 @@ def die_by_sigterm() -> None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)

@@ -45,8 +45,8 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _demo_run(args: argparse.Namespace) -> int:
-    """``trainkit demo``: its options checked, then the run (which says a Ctrl-C or a SIGTERM
-    itself). One before it (torch still importing) ends the process by its signal too, without
+    """``trainkit demo``: its options checked, then the run (which says a Ctrl-C, a SIGTERM or a
+    SIGHUP itself). One before it (torch still importing) ends the process by its signal too, without
     a traceback: nothing was recorded yet."""
     try:
         with _usage.sigterm_raises():
@@ -55,10 +55,10 @@ def _demo_run(args: argparse.Namespace) -> int:
         _say_nothing_recorded("interrupted")
         _usage.die_by_sigint()
         return 130  # where a process cannot end by its own SIGINT
-    except _usage.Terminated:
-        _say_nothing_recorded("terminated (SIGTERM)")
-        _usage.die_by_sigterm()
-        return 143  # where a process cannot end by its own SIGTERM
+    except _usage.Terminated as stop:
+        _say_nothing_recorded(f"terminated ({stop.name})")
+        _usage.die_by_sigterm(stop.signum)
+        return 128 + stop.signum  # where a process cannot end by its own signal
 
 
 def _say_nothing_recorded(how: str) -> None:

@@ -335,8 +335,8 @@ def main(config: DemoConfig) -> int:
     Under torchrun rank 0 prints every rank's summary and the other ranks print nothing.
     Ctrl-C says where the steps recorded so far are (the session has written them), then ends
     the process by SIGINT, as an uncaught KeyboardInterrupt does (a shell's loop stops on it),
-    without the traceback. A SIGTERM (``timeout``, ``kill``, a job scheduler) says the same and
-    ends it by SIGTERM, as it would have ended silently.
+    without the traceback. A SIGTERM (``timeout``, ``kill``, a job scheduler) or a SIGHUP (the
+    terminal closed) says the same and ends it by that signal, as it would have ended silently.
     """
     config = dataclasses.replace(config, logdir=config.logdir or default_logdir())
     if (_env.rank() or 0) == 0:  # rank 0's own run folder stands for every rank's
@@ -349,10 +349,10 @@ def main(config: DemoConfig) -> int:
         _say_stopped("interrupted", config.logdir)
         _usage.die_by_sigint()
         return 130  # where a process cannot end by its own SIGINT
-    except _usage.Terminated:
-        _say_stopped("terminated (SIGTERM)", config.logdir)
-        _usage.die_by_sigterm()
-        return 143  # where a process cannot end by its own SIGTERM
+    except _usage.Terminated as stop:
+        _say_stopped(f"terminated ({stop.name})", config.logdir)
+        _usage.die_by_sigterm(stop.signum)
+        return 128 + stop.signum  # where a process cannot end by its own signal
     if result.rank not in (None, 0):
         return 1 if any(r.steps == 0 for r in result.ranks) else 0
     if result.steps == 0:
