@@ -74,3 +74,26 @@ def test_the_tab_lists_and_reports_the_run(good, tmp_path):
         [EVENTS, "a named pipe (FIFO)"], [TRACE, "a named pipe (FIFO)"],
         ["link.pt.trace.json", "a broken symbolic link (to 'gone.pt.trace.json', which does "
                                "not exist)"]]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "broken link"])
+def test_a_run_of_such_a_file_alone_is_listed_and_its_report_says_it(tmp_path, kind):
+    # A run whose only event file is a named pipe made the tab's runs list (and has_runs, which
+    # TensorBoard asks to show the tab at all) wait forever: the permission check opened it.
+    # A broken link alone was passed over in silence. Each is listed, its report a TA110.
+    folder = tmp_path / "logs" / "exp"
+    folder.mkdir(parents=True)
+    if kind == "fifo":
+        os.mkfifo(folder / EVENTS)
+        what = "is a named pipe (FIFO)"
+    else:
+        os.symlink("gone.tfevents", folder / EVENTS)
+        what = "is a broken symbolic link"
+    done = _python("import sys, json; from trainkit.sinks.tbplugin.data import TabData; "
+                   "d = TabData(sys.argv[1]); print(json.dumps([d.runs(), d.has_runs(), "
+                   "d.report('exp')]))", str(tmp_path / "logs"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs, active, rep = json.loads(done.stdout)
+    assert runs == ["exp"] and active is True
+    (finding,) = [f for f in rep["findings"] if f["code"] == "TA110"]
+    assert what in json.dumps(finding), finding

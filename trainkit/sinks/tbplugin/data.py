@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ...profiling.analyze import analyze_run
 from ...profiling.reader import EventReader
-from ...profiling.logdir import EVENTS_MARK, find_runs, left_out, no_permission
+from ...profiling.logdir import EVENTS_MARK, find_runs, left_out, regular_files
 from ...profiling.trace import is_trace
 
 #: An ablation result a run may hold (written by the ablation report); shown as a table.
@@ -112,7 +112,7 @@ class TabData:
 
     def _is_trainkit(self, folder: str) -> bool:
         """A trace, or an event file with a ``trainkit/`` scalar (what ``analyze_run`` counts),
-        or one the user may not read: listed, its report saying so (TA110), where it would be
+        or one left out of the reading: listed, its report saying so (TA110), where it would be
         passed over in silence as no trainkit run."""
         try:
             names = sorted(os.listdir(folder))
@@ -120,9 +120,12 @@ class TabData:
             return False
         if any(is_trace(n) for n in names):
             return True
-        events = [os.path.join(folder, n) for n in names if EVENTS_MARK in n]
-        return (any(self._reader.holds_trainkit_tag(p) for p in events)
-                or any(no_permission(p) for p in events))
+        # Its event files left out (no permission to read them, a named pipe, a broken link):
+        # listed, its report saying them. Each is looked at (stat) before it is opened: opening a
+        # named pipe waited forever for a writer, and the tab's runs list with it.
+        kept, skipped = regular_files(folder, [n for n in names if EVENTS_MARK in n])
+        return bool(skipped) or any(self._reader.holds_trainkit_tag(os.path.join(folder, n))
+                                    for n in kept)
 
     def _report(self, name: str, folder: str) -> Dict[str, Any]:
         asked, sig = time.monotonic(), _signature(folder)
