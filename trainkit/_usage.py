@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import time
 from typing import Any, Callable, Iterator
@@ -99,7 +100,7 @@ def _met_every_rank() -> "bool | None":
 def interruptible(command: str, work: Callable[[], int]) -> int:
     """``work()``'s exit status; a Ctrl-C during it is said in one line (``trainkit lint:
     interrupted``), not a KeyboardInterrupt's traceback, and the process still ends by SIGINT
-    (:func:`die_by_sigint`). For the commands that keep nothing a Ctrl-C could lose (``trainkit
+    (:func:`die_by`). For the commands that keep nothing a Ctrl-C could lose (``trainkit
     analyze`` and ``lint``, however they are started: ``trainkit``, ``python -m trainkit.lint``,
     ``python -m trainkit.profiling.cli``).
 
@@ -111,23 +112,8 @@ def interruptible(command: str, work: Callable[[], int]) -> int:
         return int(work())
     except KeyboardInterrupt:
         print(f"{command}: interrupted", file=sys.stderr)
-        die_by_sigint()  # as Python's own Ctrl-C ends it, without the traceback
+        die_by(signal.SIGINT)  # as Python's own Ctrl-C ends it, without the traceback
         return 130  # where a process cannot end by its own SIGINT
-
-
-def die_by_sigint() -> None:
-    """End the process by SIGINT (exit status 128 + 2 in a shell), as Python does for an uncaught
-    KeyboardInterrupt: a shell loop running the demo stops on it, where a plain exit 130 reads
-    as a command that handled the Ctrl-C itself. Only from the main thread of a POSIX process."""
-    import signal
-    import threading
-
-    if os.name != "posix" or threading.current_thread() is not threading.main_thread():
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGINT)
 
 
 class Terminated(BaseException):
@@ -147,8 +133,9 @@ class Terminated(BaseException):
 def sigterm_raises() -> Iterator[None]:
     """Within the block, a SIGTERM or a SIGHUP raises :class:`Terminated`, so that a command can
     say what it kept (the demo's run folder) before it ends by that signal
-    (:func:`die_by_sigterm`): by default the signal ends the process at once, saying nothing. A session begun inside the
-    block flushes first and then calls this handler (trainkit._signals: the handler before it).
+    (:func:`die_by`): by default the signal ends the process at once, saying nothing. A session
+    begun inside the block flushes first and then calls this handler (trainkit._signals: the
+    handler before it).
     Each only where it has its default action (one the caller set, or SIG_IGN: ``nohup``, is
     theirs to keep), from the main thread of a POSIX process; elsewhere the block runs unchanged.
 
@@ -159,7 +146,7 @@ def sigterm_raises() -> Iterator[None]:
                 train()
             except Terminated as stop:
                 print(f"terminated ({stop.name}); the run is in runs/x", file=sys.stderr)
-                die_by_sigterm(stop.signum)
+                die_by(stop.signum)
     """
     import signal
     import threading
@@ -182,11 +169,18 @@ def sigterm_raises() -> Iterator[None]:
             signal.signal(sig, signal.SIG_DFL)
 
 
-def die_by_sigterm(signum: int = 15) -> None:
-    """End the process by SIGTERM, or by ``signum`` (exit status 128 + 15, or 128 + 1 for a
-    SIGHUP, in a shell), as it would have ended without :func:`sigterm_raises`: a job scheduler
-    or ``timeout`` reads the status it sent.
-    Only from the main thread of a POSIX process."""
+def die_by(signum: int) -> None:
+    """End the process by the signal ``signum`` (exit status 128 + its number in a shell), as it
+    would have ended without the handling that said it in a line: by SIGINT as Python ends on an
+    uncaught KeyboardInterrupt (a shell loop stops on it, where a plain exit 130 reads as a
+    command that handled the Ctrl-C itself), by SIGTERM or SIGHUP as without
+    :func:`sigterm_raises` (a job scheduler or ``timeout`` reads the status it sent). Only from
+    the main thread of a POSIX process; elsewhere it returns.
+
+    Example::
+
+        die_by(signal.SIGINT)
+    """
     import signal
     import threading
 

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import importlib
 import io
+import signal
 import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -46,18 +47,18 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
 
 def _demo_run(args: argparse.Namespace) -> int:
     """``trainkit demo``: its options checked, then the run (which says a Ctrl-C, a SIGTERM or a
-    SIGHUP itself). One before it (torch still importing) ends the process by its signal too, without
-    a traceback: nothing was recorded yet."""
+    SIGHUP itself). One before it (torch still importing) ends the process by its signal too,
+    without a traceback: nothing was recorded yet."""
     try:
         with _usage.sigterm_raises():
             return _demo_checked(args)
     except KeyboardInterrupt:
         _say_nothing_recorded("interrupted")
-        _usage.die_by_sigint()
+        _usage.die_by(signal.SIGINT)
         return 130  # where a process cannot end by its own SIGINT
     except _usage.Terminated as stop:
         _say_nothing_recorded(f"terminated ({stop.name})")
-        _usage.die_by_sigterm(stop.signum)
+        _usage.die_by(stop.signum)
         return 128 + stop.signum  # where a process cannot end by its own signal
 
 

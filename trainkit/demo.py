@@ -14,6 +14,7 @@ import dataclasses
 import math
 import os
 import shlex
+import signal
 import statistics
 import sys
 import time
@@ -347,11 +348,11 @@ def main(config: DemoConfig) -> int:
             result = run(config)
     except KeyboardInterrupt:
         _say_stopped("interrupted", config.logdir)
-        _usage.die_by_sigint()
+        _usage.die_by(signal.SIGINT)
         return 130  # where a process cannot end by its own SIGINT
     except _usage.Terminated as stop:
         _say_stopped(f"terminated ({stop.name})", config.logdir)
-        _usage.die_by_sigterm(stop.signum)
+        _usage.die_by(stop.signum)
         return 128 + stop.signum  # where a process cannot end by its own signal
     if result.rank not in (None, 0):
         return 1 if any(r.steps == 0 for r in result.ranks) else 0
