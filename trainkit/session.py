@@ -189,8 +189,7 @@ class Session(StepCounter):
         """Flush everything recorded and close the event files. Safe to call twice."""
         self._close(shown=False)
 
-    def _close(self, *, shown: bool) -> None:
-        # shown: the close's warnings are shown, never raised (see _close_active)
+    def _close(self, *, shown: bool) -> None:  # shown: warnings never raised (_close_active)
         global _active
         if os.getpid() != self._pid:  # a forked child (a DataLoader worker) writes nothing
             if _active is self:
@@ -264,9 +263,7 @@ class Session(StepCounter):
         if not self._closed and os.getpid() == self._pid:
             self._recorder.flush_now()
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
+    closed = property(lambda self: self._closed)  #: whether it is closed
 
     @property
     def steps_done(self) -> int:
@@ -359,8 +356,8 @@ def _activate(s: Session) -> None:
 
 
 def _close_active() -> None:
-    """Close the active session at the process's end (atexit, SIGTERM, SIGHUP): its warnings are
-    shown, never raised, where the filters make them errors (nobody can catch them there)."""
+    """Close the active session at the process's end (atexit, SIGTERM, SIGHUP), its warnings
+    shown, never raised, where the filters make them errors: nobody can catch them there."""
     s = _active
     if s is not None:
         s._close(shown=True)
