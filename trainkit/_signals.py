@@ -2,15 +2,15 @@
 
 On SIGTERM, and on SIGHUP (the terminal closed, ``kill -HUP``: by default it too ends the process
 at once, and lost every record since the last write), the active session is flushed and closed,
-then the signal is raised again with the previous handler, so the exit status is the one the process would have had (a handler of the
-user's that lets the process live on gets a flush, and the session goes on recording). While a
-session closes, these signals are held and act once everything is written, and so is SIGCHLD: a
-DataLoader's handler for it (torch's) raises when one of its workers died, as they do when a
-SIGTERM goes to the whole process group (a job scheduler's, ``kill -- -PGID``), and raised inside
-the final write it lost the run's last records. Python sets signal handlers only in the main
-thread; elsewhere these do nothing. The process's other ends are here too: its exit closes the
-active session (atexit, and multiprocessing's finalizers in a child that ends by ``os._exit``),
-and a forked child (a DataLoader worker) records nothing.
+then the signal is raised again with the previous handler, so the exit status is the one the
+process would have had (a handler of the user's that lets the process live on gets a flush, and the
+session goes on recording). While a session closes, these signals are held and act once everything
+is written, and so is SIGCHLD: a DataLoader's handler for it (torch's) raises when one of its
+workers died, as they do when a SIGTERM goes to the whole process group (a job scheduler's,
+``kill -- -PGID``), and raised inside the final write it lost the run's last records. Python sets signal
+handlers only in the main thread; elsewhere these do nothing. The process's other ends are here
+too: its exit closes the active session (atexit, and multiprocessing's finalizers in a child that
+ends by ``os._exit``), and a forked child (a DataLoader worker) records nothing.
 """
 from __future__ import annotations
 
@@ -57,9 +57,10 @@ def on_sigterm(signum: int, frame: Any) -> None:
             _replay(came)  # after the user's handler, as they would have come without trainkit
         return
     # Default action: flush and close, then die by the signal, so that the parent sees the same
-    # exit status as without trainkit (a shell's 143 or 129). A DataLoader's workers killed by the same SIGTERM (sent
-    # to the process group) would have torch raise its "worker killed" error here, after the
-    # close, in place of the exit by SIGTERM: the process is ending, so SIGCHLD is let be.
+    # exit status as without trainkit (a shell's 143 or 129). A DataLoader's workers killed by
+    # the same SIGTERM (sent to the process group) would have torch raise its "worker killed"
+    # error here, after the close, in place of the exit by SIGTERM: the process is ending, so
+    # SIGCHLD is let be.
     if hasattr(signal, "SIGCHLD"):
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     try:
@@ -126,8 +127,8 @@ def release() -> None:
 
 @contextlib.contextmanager
 def held(replay: bool = True) -> Iterator[List[int]]:
-    """Hold SIGINT, SIGTERM, SIGHUP and SIGCHLD while a session writes, then let them act as they would
-    have: a second Ctrl-C (or torch's error for a DataLoader worker that died) during the final
+    """Hold SIGINT, SIGTERM, SIGHUP and SIGCHLD while a session writes, then let them act as they
+    would have: a second Ctrl-C (or torch's error for a DataLoader worker that died) during the final
     write would leave a half-closed session and lose the records the write was for. Yields the
     signals that came, in order; with ``replay=False`` the caller replays them
     (:func:`_replay`). Only the main thread can set handlers; elsewhere a no-op."""
