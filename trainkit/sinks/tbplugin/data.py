@@ -120,12 +120,13 @@ class TabData:
             return False
         if any(is_trace(n) for n in names):
             return True
-        # Its event files left out (no permission to read them, a named pipe, a broken link):
-        # listed, its report saying them. Each is looked at (stat) before it is opened: opening a
-        # named pipe waited forever for a writer, and the tab's runs list with it.
-        kept, skipped = regular_files(folder, [n for n in names if EVENTS_MARK in n])
-        return bool(skipped) or any(self._reader.holds_trainkit_tag(os.path.join(folder, n))
-                                    for n in kept)
+        events = [n for n in names if EVENTS_MARK in n]
+        # The tag scan (kept per file) opens regular files alone; only where it finds no tag are
+        # the files left out looked for (no permission to read them, a named pipe, a broken
+        # link: listed, its report saying them). Opening a named pipe waited for a writer, and
+        # the tab's runs list with it; opening every file again on each listing is not needed.
+        return (any(self._reader.holds_trainkit_tag(os.path.join(folder, n)) for n in events)
+                or bool(regular_files(folder, events)[1]))
 
     def _report(self, name: str, folder: str) -> Dict[str, Any]:
         asked, sig = time.monotonic(), _signature(folder)
