@@ -11,7 +11,6 @@ only at window boundaries and counts skipped steps, and nothing is freed by hand
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 from torch.utils.data import DataLoader
@@ -19,34 +18,7 @@ from torch.utils.data import DataLoader
 import trainkit as tk
 from trainkit.workloads.mnist import BlockShuffle, SyntheticMNIST, simple_cnn
 
-
-def positive_int(text: str) -> int:
-    """argparse's type for a count: 0, -1 or 1.5 is said as a usage error (exit 2) up front,
-    not as a traceback (or an empty run) once training starts."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive int (1 or more), not {text!r}")
-    return value
-
-
-def run_folder(text: str) -> str:
-    """argparse's type for --logdir: a file, or a folder that cannot be written, is said as a
-    usage error (exit 2) up front, not as the session's traceback once the data is made."""
-    if not text:
-        raise argparse.ArgumentTypeError("must not be empty, e.g. --logdir runs/exp1")
-    there = os.path.abspath(os.path.expanduser(text))
-    while not os.path.lexists(there):  # the folder the session will make it in
-        there = os.path.dirname(there)
-    if not os.path.isdir(there):
-        raise argparse.ArgumentTypeError(f"{text!r}: {there!r} is not a folder; give a folder "
-                                         f"(made if missing), e.g. --logdir runs/exp1")
-    if not os.access(there, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text!r}: {there!r} is not writable; give a folder "
-                                         f"you can write to, e.g. --logdir runs/exp1")
-    return text
+from _args import positive_int, run_folder
 
 
 def main() -> None:

@@ -10,29 +10,13 @@ are bit-identical to the unpatched run. LBFGS calls the closure several times pe
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainkit as tk
 
-
-def run_folder(text: str) -> str:
-    """argparse's type for --logdir: a file, or a folder that cannot be written, is said as a
-    usage error (exit 2) up front, not as the session's traceback once the data is made."""
-    if not text:
-        raise argparse.ArgumentTypeError("must not be empty, e.g. --logdir runs/exp1")
-    there = os.path.abspath(os.path.expanduser(text))
-    while not os.path.lexists(there):  # the folder the session will make it in
-        there = os.path.dirname(there)
-    if not os.path.isdir(there):
-        raise argparse.ArgumentTypeError(f"{text!r}: {there!r} is not a folder; give a folder "
-                                         f"(made if missing), e.g. --logdir runs/exp1")
-    if not os.access(there, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text!r}: {there!r} is not writable; give a folder "
-                                         f"you can write to, e.g. --logdir runs/exp1")
-    return text
+from _args import run_folder
 
 
 def main() -> None:
