@@ -93,3 +93,33 @@ def test_the_recompile_warning_points_at_the_users_call():
     (w,) = [w for w in caught if "recompiled" in str(w.message)]
     assert w.filename == __file__
     assert "step()  # the line the warning names" in open(__file__).read().splitlines()[w.lineno - 1]
+
+
+def test_a_call_that_raised_keeps_its_error_where_warnings_are_errors(recwarn):
+    # python -W error: the recompile warning of a call that raised was raised from the call's
+    # `finally`, in place of the user's own exception (which then showed only as its context).
+    import warnings
+
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.0)
+
+    @tk.compiled_step
+    def step(fail):
+        opt.step()
+        if fail:
+            raise ValueError("the user's own error")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for i in range(2):  # the warm-up: compiles expected, no warning
+            model(torch.randn(2, 4)).sum().backward()
+            opt.param_groups[0]["weight_decay"] = 0.01 * i
+            step(False)
+            opt.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        opt.param_groups[0]["weight_decay"] = 0.5  # a recompile after warm-up, in a call that raises
+        with pytest.raises(ValueError, match="the user's own error"):
+            step(True)
+    shown = [w for w in recwarn if "recompiled the optimizer step" in str(w.message)]
+    assert len(shown) == 1 and "ValueError under way goes on" in str(shown[0].message)
+    assert shown[0].filename == __file__  # shown at the user's call, as raised it would be

@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
+import sys
 import time
 import warnings
 import weakref
 from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, overload
 
 from ..session import active as _active_session  # the module name is rebound by __init__
-from .._text import brief, user_stacklevel
+from .._text import brief, show_over, user_stacklevel
 from .._optcalls import gone, rebind, unbind, uncounted
 from ..recorder import COMPILE_RECOMPILES, COMPILE_SECONDS
 from ._compiled_optimizer import compile_optimizer
+from ._dynamo_marks import QUIET, dynamo_marks, latest_guard_failure
 from ._hyper import HyperTensors, Saved, last_lr_floats
 from ._step_optimizers import referenced_optimizers, referenced_schedulers
 from ._state_keeper import keep_state_tensors, release_state_tensors
@@ -64,46 +65,6 @@ def _check_options(mode: Any, fullgraph: Any) -> None:
                         f"e.g. @tk.compiled_step(fullgraph=True)")
 
 
-# -- compile bookkeeping ---------------------------------------------------------------------------
-def _dynamo_marks() -> Tuple[int, int]:
-    """(frames compiled so far, guard failures so far): exist on torch 2.11 and 2.14 alike."""
-    from torch._dynamo.utils import counters, guard_failures
-
-    return counters["frames"]["total"], sum(len(v) for v in guard_failures.values())
-
-
-def _new_failures(before: int) -> List[str]:
-    from torch._dynamo.utils import guard_failures
-
-    reasons = [r for v in guard_failures.values() for r in v]
-    return [str(r) for r in reasons[before:]] if len(reasons) > before else []
-
-
-def _latest_entry_reason(reasons: List[str]) -> str:
-    """The failure of the newest cache entry: older entries fail on stale state (e.g. "the
-    optimizer state is empty", true only before the first step), the newest on what changed."""
-    def entry(reason: str) -> int:
-        m = re.match(r"\s*\[?(\d+)/(\d+)", reason)
-        return int(m.group(2)) if m else -1
-
-    return max(reasons, key=entry).strip() if reasons else "unknown guard"
-
-
-class _QuietOptimizerRecordFunction(logging.Filter):
-    """Drops dynamo's "Profiler record function ... will be ignored" about ``Optimizer.step``.
-
-    torch wraps every optimizer step in a ``record_function``; dynamo drops it from the graph and
-    warns once per process, a ``W...`` line that reads like an error. trainkit names the step in
-    traces itself (``trainkit/optimizer_step``, outside the graph), so nothing is lost.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:  # torch <= 2.6: "Profiler function"
-        return not str(record.msg).startswith(("Profiler record function", "Profiler function"))
-
-
-_QUIET = _QuietOptimizerRecordFunction()
-
-
 class _Compiled:
     """A compiled callable plus the hyper-parameter swap, compile timing and recompile watch."""
 
@@ -112,7 +73,7 @@ class _Compiled:
         import torch
 
         for where in ("ctx_manager", "torch"):  # its logger (torch <= 2.6: ...variables.torch)
-            logging.getLogger("torch._dynamo.variables." + where).addFilter(_QUIET)  # a set
+            logging.getLogger("torch._dynamo.variables." + where).addFilter(QUIET)  # a set
         self.compiled = torch.compile(fn, mode=mode, fullgraph=fullgraph)
         self.mode, self.fullgraph = mode, fullgraph  # a second compiled_step(opt)'s check
         self.fn = fn  # run as it is where torch's compiled step would be wrong (_hyper)
@@ -144,10 +105,11 @@ class _Compiled:
     def run(self, opts: List[Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         """The call, with ``opts`` the optimizers it steps (found by the caller already)."""
         saved: List[Saved] = []
-        frames0, fails0 = _dynamo_marks()
+        frames0, fails0 = dynamo_marks()
         t0 = time.perf_counter()
         expected = False
         held: List[Tuple[Any, Any]] = []  # Adam/AdamW at lr 0: what NaN the step leaves (_zero_lr)
+        raised: Optional[BaseException] = None
         try:
             for opt in opts:
                 held.extend(held_at_zero_lr(opt))
@@ -162,15 +124,23 @@ class _Compiled:
             out = (self.fn if self.eager else self.compiled)(*args, **kwargs)
             put_back(held)
             return out
+        except BaseException as exc:
+            raised = exc
+            raise
         finally:
             lr_set = HyperTensors.restore(saved)
             if lr_set:  # an LR scheduler stepped in the call: its _last_lr in floats too
                 last_lr_floats(referenced_schedulers(self.fn, args, kwargs, opts), lr_set)
             self.calls += 1
-            frames1, fails1 = _dynamo_marks()
+            frames1, fails1 = dynamo_marks()
             if frames1 != frames0:  # this call compiled: its time is compile time, not step time
-                self._compiled(time.perf_counter() - t0, fails1 > fails0, fails0,
-                               expected=expected)
+                try:
+                    self._compiled(time.perf_counter() - t0, fails1 > fails0, fails0,
+                                   expected=expected)
+                except Warning as said:  # -W error: raised, it took the place of the call's own
+                    if raised is None:
+                        raise
+                    show_over(said, raised, sys._getframe(user_stacklevel(past_torch=True) - 1))
 
     def _go_eager(self) -> None:
         """Run the step eagerly from this call on, and say so. Said first: where the warning
@@ -204,7 +174,7 @@ class _Compiled:
             s.record(COMPILE_RECOMPILES, float(self.recompiles))
         if recompiled and late and not self.warned:
             self.warned = True
-            guard = _latest_entry_reason(_new_failures(fails0))
+            guard = latest_guard_failure(fails0)
             warnings.warn(
                 f"trainkit.compiled_step({self.name}): torch.compile recompiled the optimizer step "
                 f"at call {self.calls}, after warm-up; the guard that failed: {guard}. Each "
