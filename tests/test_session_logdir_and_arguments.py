@@ -199,3 +199,18 @@ def test_bad_technique_overrides_leave_no_session_open(tmp_path, monkeypatch):
         tk.session(logdir=tmp_path / "run")
     assert tk.active() is None
     assert not (tmp_path / "run").exists()  # refused before anything was created
+
+
+@pytest.mark.parametrize("given", ["/", "~", "HOME"])
+def test_a_session_refuses_the_root_and_the_home_folder_as_its_logdir(tmp_path, monkeypatch, given):
+    # tk.session(logdir="~") wrote its event file and meta/ straight into the home folder, which
+    # `trainkit demo --logdir ~` refuses; and, as root, logdir="/" into the filesystem root.
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    logdir = str(home) if given == "HOME" else given
+    what = "the filesystem root" if given == "/" else "your home folder"
+    with pytest.raises(ValueError, match=rf"session\(logdir=.*\): is {what}.*e\.g\. logdir="):
+        tk.session(logdir=logdir)
+    assert sorted(os.listdir(home)) == []  # nothing made there
+    assert tk.active() is None

@@ -6,7 +6,7 @@ import os
 import shlex
 import socket
 import sys
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 from . import _env
 
@@ -157,6 +157,9 @@ def check_logdir(logdir: Any, *, option: Optional[str] = None) -> str:
     if "\0" in path:
         raise ValueError(f"{lead}: a path cannot hold a NUL character ('\\0'); "
                          f"pass a folder name without one, e.g. {said('runs/exp1')}")
+    everything = _everything(path, "exp1")
+    if everything is not None:  # tk.session(logdir="~"): what --logdir ~ is refused for
+        raise ValueError(f"{lead}: is {everything[0]}, {_WHY}, e.g. {said(everything[1])}")
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{lead}: {path!r} is a file, not a folder; "
                          f"pass a folder (created if missing), e.g. {said(path + '_runs')}")
@@ -181,14 +184,23 @@ def check_not_everything(logdir: str, *, option: str) -> None:
 
         check_not_everything("runs/demo", option="--logdir")  # fine: a folder of its own
     """
+    said = _everything(logdir, "demo")
+    if said is not None:
+        what, fix = said
+        raise ValueError(f"{option} {shlex.quote(logdir)}: is {what}, {_WHY}, e.g. {option} {fix}")
+
+
+_WHY = ("so the run would be written straight into it and TensorBoard, opened there, would read "
+        "every folder under it; give the run a folder of its own")
+
+
+def _everything(logdir: str, run: str) -> Optional[Tuple[str, str]]:
+    """(what ``logdir`` is, a folder to give instead, ``runs/<run>``) where it is the root or
+    the home folder."""
     path = os.path.realpath(os.path.expanduser(logdir))
     home = os.path.realpath(os.path.expanduser("~"))
     if path == os.path.realpath(os.sep):
-        what, fix = "the filesystem root", "runs/demo"
-    elif path == home:
-        what, fix = f"your home folder ({home})", os.path.join("~", "runs", "demo")
-    else:
-        return
-    raise ValueError(f"{option} {shlex.quote(logdir)}: is {what}, so the run would be written "
-                     f"straight into it and TensorBoard, opened there, would read every folder "
-                     f"under it; give the run a folder of its own, e.g. {option} {fix}")
+        return "the filesystem root", f"runs/{run}"
+    if path == home:
+        return f"your home folder ({home})", os.path.join("~", "runs", run)
+    return None
