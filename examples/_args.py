@@ -23,11 +23,17 @@ def positive_int(text: str) -> int:
 
 
 def run_folder(text: str) -> str:
-    """argparse's type for --logdir: a file, or a folder that cannot be written, is said as a
-    usage error (exit 2) up front, not as the session's traceback once the data is made."""
+    """argparse's type for --logdir: a file, a folder that cannot be written, or the root or home
+    folder itself (which the session refuses), is said as a usage error (exit 2) up front, not as
+    the session's traceback once the data is made."""
     if not text:
         raise argparse.ArgumentTypeError("must not be empty, e.g. --logdir runs/exp1")
     there = os.path.abspath(os.path.expanduser(text))
+    everything = (os.path.realpath(os.sep), os.path.realpath(os.path.expanduser("~")))
+    if os.path.realpath(there) in everything:
+        raise argparse.ArgumentTypeError(f"{text!r} is the filesystem root or your home folder: "
+                                         f"give the run a folder of its own, e.g. "
+                                         f"--logdir runs/exp1")
     while not os.path.lexists(there):  # the folder the session will make it in
         there = os.path.dirname(there)
     if not os.path.isdir(there):

@@ -71,3 +71,18 @@ def test_a_logdir_in_a_folder_it_may_not_write_is_a_usage_error(tmp_path):
         f"closure_step.py: error: argument --logdir: 'locked/run': {str(locked)!r} is not "
         f"writable; give a folder you can write to, e.g. --logdir runs/exp1"), out.stderr
     assert "Traceback" not in out.stderr and os.listdir(locked) == []
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("given", ["/", "~"])
+def test_the_root_or_the_home_folder_as_logdir_is_a_usage_error(tmp_path, monkeypatch, capsys,
+                                                                name, given):
+    # The session refuses both (its ValueError, a traceback once the data and model were made).
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        _run_example(name, ["--logdir", given], monkeypatch)
+    assert exited.value.code == 2
+    _refused(capsys, name, given, f"{given!r} is the filesystem root or your home folder: give "
+                                  f"the run a folder of its own, e.g. --logdir runs/exp1")
+    assert os.listdir(tmp_path) == []
