@@ -8,7 +8,8 @@ session goes on recording). While a session closes, these signals are held and a
 is written, and so is SIGCHLD: a DataLoader's handler for it (torch's) raises when one of its
 workers died, as they do when a SIGTERM goes to the whole process group (a job scheduler's,
 ``kill -- -PGID``), and raised inside the final write it lost the run's last records. Python sets signal
-handlers only in the main thread; elsewhere these do nothing. The process's other ends are here
+handlers only in the main thread; elsewhere these do nothing. A signal whose handler was set in C
+(``faulthandler.register``) is left alone (:func:`set_in_c`). The process's other ends are here
 too: its exit closes the active session (atexit, and multiprocessing's finalizers in a child that
 ends by ``os._exit``), and a forked child (a DataLoader worker) records nothing.
 """
@@ -32,6 +33,7 @@ _HELD = (signal.SIGINT,) + _ENDING + ((signal.SIGCHLD,) if hasattr(signal, "SIGC
 _prev: Dict[int, Any] = {}  # signal -> its handler before install()
 _installed = False
 _exit_hooks_pid = 0  # the process whose exit closes the active session
+_sigaction: Any = None  # the C library's sigaction(), found at the first use
 
 
 def _session_module() -> Any:
@@ -89,6 +91,33 @@ if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def set_in_c(sig: int) -> bool:
+    """Whether ``sig`` has a handler set outside Python's ``signal`` module (``faulthandler.
+    register(signal.SIGTERM)``, a C library's ``sigaction``), which ``signal.getsignal`` does not
+    see (it says the default, or None). Setting a handler of trainkit's over it, then giving
+    "the default" back at close, took it away for the rest of the process: such a signal is left
+    alone. Read with the C library's ``sigaction`` (its handler is the struct's first field on
+    glibc, musl and macOS); False where that cannot be read (Windows)."""
+    prev = signal.getsignal(sig)
+    if prev is None:  # set in C, and Python knows it is not its own
+        return True
+    if prev != signal.SIG_DFL or os.name != "posix":
+        return False
+    global _sigaction
+    try:
+        import ctypes
+
+        if _sigaction is None:
+            _sigaction = ctypes.CDLL(None).sigaction
+        action = ctypes.create_string_buffer(512)  # larger than any platform's struct sigaction
+        if _sigaction(int(sig), None, action) != 0:
+            return False
+        handler = ctypes.c_void_p.from_buffer(action).value
+    except Exception:  # no C library to ask: as Python says
+        return False
+    return handler not in (None, 0, 1)  # neither SIG_DFL nor SIG_IGN
+
+
 def install() -> None:
     """Close the active session at exit, and flush it on SIGTERM and SIGHUP (set from the main
     thread; elsewhere they are left alone)."""
@@ -107,6 +136,8 @@ def install() -> None:
         if sig != signal.SIGTERM and prev == signal.SIG_IGN:
             # nohup: SIGHUP ends nothing, and a handler here would end its ignoring in every
             # program the script runs (exec resets a handled signal, keeps an ignored one)
+            continue
+        if set_in_c(sig):  # faulthandler's: no flush on it, but the user's handler is kept
             continue
         _prev[sig] = prev
         signal.signal(sig, on_sigterm)
@@ -140,6 +171,8 @@ def held(replay: bool = True) -> Iterator[List[int]]:
     for sig in _HELD:
         if sig not in (signal.SIGINT,) + _ENDING and not callable(signal.getsignal(sig)):
             continue  # SIGCHLD: only a Python handler (a DataLoader's) can raise; others left be
+        if set_in_c(sig):  # held, it would be given back as the default: the C handler lost
+            continue
         try:
             saved[sig] = signal.signal(sig, lambda signum, frame: came.append(signum))
         except (ValueError, OSError):  # not settable here
