@@ -29,15 +29,13 @@ from ._tags import (AMP_SCALE, AMP_SKIPPED, BATCH_REC, CLOSURE_MS, COMPILE_RECOM
 __all__ = ["Recorder", "AMP_SCALE", "AMP_SKIPPED", "BATCH_REC", "CLOSURE_MS", "COMPILE_RECOMPILES",
            "COMPILE_SECONDS", "DATA_WAIT", "GC_FULL", "GC_MS", "H2D_BYTES", "H2D_GBPS", "H2D_MS",
            "H2D_PINNED_BYTES", "H2D_PINNED_PCT", "ITEMS", "OWN_TAGS", "PASS_END_WAIT", "PREFIX",
-           "REGION",
-           "SAMPLES_PER_S", "STEP_END", "STEP_REC", "STEP_TIME", "UPDATE_MS"]
+           "REGION", "SAMPLES_PER_S", "STEP_END", "STEP_REC", "STEP_TIME", "UPDATE_MS"]
 
 
 class Recorder:
     """Buffer + writer thread + event file of one session (one rank)."""
 
-    def __init__(self, logdir: str, *, flush_secs: float,
-                 completed: Callable[[], int],
+    def __init__(self, logdir: str, *, flush_secs: float, completed: Callable[[], int],
                  sample: Optional[Callable[[bool], Dict[str, float]]] = None,
                  sample_secs: float = 1.0, resumed_at: Optional[int] = None) -> None:
         self.buf: Deque[Any] = collections.deque()
