@@ -26,7 +26,7 @@ from typing import Dict, FrozenSet, Iterator, List, Optional, Set, Tuple, Union
 from trainkit.lint._calls import calls_step_function, step_function_defs
 from trainkit.lint._conditions import Branching
 from trainkit.lint._inline import inline_loop_functions
-from trainkit.lint._input_grads import attack_loop
+from trainkit.lint._input_grads import input_backwards_only, nodes_before
 from trainkit.lint._nodes import dotted, is_reciprocal, method_name, pos, receiver
 from trainkit.lint._switches import guarded_off, switches
 
@@ -70,6 +70,8 @@ class FileContext:
             for child in ast.iter_child_nodes(parent):
                 self.parents[child] = parent
         self._training: Dict[ast.AST, bool] = {}
+        # ids of the backwards of attack loops (an input's gradient): none of a training step's own
+        self.input_backwards: Set[int] = set()
 
     @cached_property
     def assignments(self) -> Dict[str, List[ast.expr]]:
@@ -305,8 +307,13 @@ class FileContext:
             steps = any((self.is_step(n) and not guarded_off(self, loop, n)) or calls_step_function(self, n)
                         for n in calls)
             backwards = [n for n in calls if self.is_backward(n) and not guarded_off(self, loop, n)]
-            # an attack or a saliency map: backwards for an input's gradient, and nothing steps
-            self._training[loop] = steps or (bool(backwards) and not attack_loop(self, loop, region, backwards))
+            if not steps and input_backwards_only(self, backwards, region, nodes_before(self, loop)):
+                # an attack or a saliency map: backwards for an input's gradient, and nothing steps. Inside
+                # a loop that steps (adversarial training) it is part of that loop's iteration (its
+                # `model.zero_grad()` wipes an accumulation's window), its backwards none of the step's
+                self.input_backwards.update(id(b) for b in backwards)
+            else:
+                self._training[loop] = steps or bool(backwards)
         return self._training[loop]
 
     @cached_property
@@ -374,7 +381,7 @@ class TrainingLoop(Branching):
     @cached_property
     def backward_calls(self) -> List[ast.Call]:
         """The ``.backward(`` calls of the iteration."""
-        return [c for c in self.calls if self.ctx.is_backward(c)]
+        return [c for c in self.calls if self.ctx.is_backward(c) and id(c) not in self.ctx.input_backwards]
 
     @cached_property
     def step_calls(self) -> List[ast.Call]:

@@ -14,15 +14,16 @@ backward* when:
 * it is a plain ``t.backward(...)`` (not ``scaler.scale(loss).backward()``, nor a module's
   ``amp.backward(loss)`` or ``torch.autograd.backward(loss)``), and
 * its gradients go to ``inputs=[x, ...]`` only, each a name the code made require gradients; or,
-  without ``inputs=``, the code reads ``x.grad`` of such a name;
+  without ``inputs=``, the code reads ``x.grad`` of such a name after it (a training loss's
+  ``loss.backward()`` after the attack, in a ``train_step()``, has no such read: the model's);
 * and the code touches no other ``.grad`` (``p.grad`` of a parameter) and clips no gradients
   (``clip_grad_norm_``): those are the model's gradients, in use.
 
-An attack inside code that steps (adversarial training: the attack's ``for _ in range(k):`` in the
-batch loop, or in a ``train_step()`` that steps after it) stays a training loop of its own, as every
-loop with a backward was: read as part of the stepping loop's iteration, its undivided attack loss
-would count as an accumulated micro-batch (a false TK102). A step in another pass over data (the
-``for x, y in train_loader:`` beside the evaluation's ``for x, y in test_loader:``) is not around it.
+An attack inside code that steps (adversarial training: Madry's PGD ``for _ in range(k):`` in the
+batch loop, or in a ``train_step()`` that steps after it) is no training loop either but part of
+that code's iteration, as it runs: its ``model.zero_grad()`` wipes an accumulating loop's window
+(TK103). Its backwards are kept in :attr:`FileContext.input_backwards`, so that no rule reads them
+as the training step's (its undivided attack loss is no accumulated micro-batch: no TK102).
 
 A name *requires gradients* when the code runs ``x.requires_grad_()`` (or ``(True)``), ``x.requires_grad
 = True``, or binds ``x = <...>.requires_grad_(True)`` or ``x = f(..., requires_grad=True)``
@@ -114,12 +115,13 @@ def input_backwards_only(ctx: "FileContext", backwards: List[ast.Call], code: Li
     marked = marked_names(code) | marked_names(before)
     if not marked:
         return False
-    read = False
+    last_read = None  # where the input's gradient is last read: each backward must come before a read
     for node in code:
         if isinstance(node, ast.Attribute) and node.attr == "grad":
             if dotted(node.value) not in marked:
                 return False  # a parameter's gradient (`p.grad`): the model's gradients are used
-            read = read or isinstance(node.ctx, ast.Load)
+            if isinstance(node.ctx, ast.Load) and (last_read is None or pos(node) > last_read):
+                last_read = pos(node)
         elif isinstance(node, ast.Call) and "clip_grad" in (method_name(node) or dotted(node.func) or ""):
             return False
     for call in backwards:
@@ -129,8 +131,8 @@ def input_backwards_only(ctx: "FileContext", backwards: List[ast.Call], code: Li
         if given is not None:
             if not all(name in marked for name in given):
                 return False
-        elif not read:
-            return False
+        elif last_read is None or last_read < pos(call):
+            return False  # no input's gradient read after it: `loss.backward()` of the training loss, after the attack
     return True
 
 
@@ -166,14 +168,6 @@ def in_stepping_code(ctx: "FileContext", loop: ast.AST) -> bool:
         if isinstance(parent, _FUNCTIONS):
             return False
     return False
-
-
-def attack_loop(ctx: "FileContext", loop: ast.AST, region: List[ast.AST], backwards: List[ast.Call]) -> bool:
-    """Whether ``loop``, whose iteration (``region``) runs ``backwards`` and steps nothing, takes
-    only inputs' gradients and is no part of code that steps: no training loop. In code that steps
-    (adversarial training) the attack's loop stays a training loop of its own, as every loop with a
-    backward was, so the rules of the stepping loop never read the attack's backward as its step's."""
-    return input_backwards_only(ctx, backwards, region, nodes_before(ctx, loop)) and not in_stepping_code(ctx, loop)
 
 
 def nodes_before(ctx: "FileContext", loop: ast.AST) -> List[ast.AST]:
