@@ -58,15 +58,25 @@ def test_a_backward_whose_input_gradient_is_not_read_still_trains() -> None:
     # no `x.grad` read: the backward's gradients may be the parameters' (a loop of backwards only)
     src = _swap(FGSM, "data_grad = data.grad.data", "data_grad = torch.sign(output)")
     assert _pairs(src) == FGSM_FOUND
-    # nothing made to require gradients: `x.grad` may be a parameter's
-    assert _pairs(_swap(FGSM, "    data.requires_grad = True\n", "    pass\n")) == FGSM_FOUND
+    # nothing made to require gradients: `x.grad` may be a parameter's, but nothing steps nor updates
+    # a parameter by hand: a loop that reads gradients (see test_gradient_statistics.py)
+    src = _swap(FGSM, "    data.requires_grad = True\n", "    pass\n")
+    assert _pairs(src) == []
+    # updated by hand with that gradient (PyTorch's tutorials' SGD), it trains
+    assert _pairs(_swap(src, "    data_grad = data.grad.data\n",
+                        "    data_grad = data.grad.data\n    data -= 0.1 * data_grad\n")) == sorted(
+        [("TK301", 19), ("TK302", 17), ("TK302", 17)])
 
 
-def test_a_parameter_gradient_read_or_clipped_keeps_it_a_training_loop() -> None:
-    # gradient statistics of the parameters: the model's gradients are in use
+def test_a_parameter_gradient_read_or_clipped_is_no_attack() -> None:
+    # gradient statistics of the parameters: the model's gradients are in use, so this is no attack,
+    # and as nothing steps nor updates a parameter, no training either (test_gradient_statistics.py)
     src = _swap(FGSM, "    data_grad = data.grad.data\n",
                 "    data_grad = data.grad.data\n    norms = [p.grad.norm() for p in model.parameters()]\n")
-    assert _pairs(src) == [("TK301", 19), ("TK302", 17), ("TK302", 17)]
+    assert _pairs(src) == []
+    assert _pairs(src.replace("    norms = [p.grad.norm() for p in model.parameters()]\n",
+                              "    for p in model.parameters():\n        p.data.add_(p.grad, alpha=-0.1)\n")) == [
+        ("TK301", 20), ("TK302", 18), ("TK302", 18)]
     src = _swap(FGSM, "    data_grad = data.grad.data\n",
                 "    data_grad = data.grad.data\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n")
     assert _pairs(src) == [("TK301", 19), ("TK302", 17), ("TK302", 17)]
@@ -164,7 +174,10 @@ with torch.no_grad():
 
 def test_a_saliency_loop_under_enable_grad_is_no_training_loop() -> None:
     assert _pairs(SALIENCY) == []
-    assert _pairs(_swap(SALIENCY, "images.requires_grad_()", "images.requires_grad_(False)")) == [
+    # `images` not made to require gradients: no attack, but a loop reading gradients that trains nothing
+    src = _swap(SALIENCY, "images.requires_grad_()", "images.requires_grad_(False)")
+    assert _pairs(src) == []
+    assert _pairs(_swap(src, "            score.backward()\n", "            scaler.scale(score).backward()\n")) == [
         ("TK301", 12), ("TK302", 11)]
 
 

@@ -13,7 +13,8 @@ so an epoch loop around a batch loop reports each mistake once, at the batch
 loop). A function defined in a loop's body and called there, as timm's ``_backward(loss)``, is
 inlined at its calls first (:mod:`trainkit.lint._inline`). A loop that steps nothing and runs its
 backwards only for an input's gradient (an attack, a saliency map: :mod:`trainkit.lint._input_grads`)
-is no training loop.
+or to read the parameters' gradients (a Fisher estimate: :mod:`trainkit.lint._grad_stats`) is no
+training loop.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from typing import Dict, FrozenSet, Iterator, List, Optional, Set, Tuple, Union
 
 from trainkit.lint._calls import calls_step_function, step_function_defs
 from trainkit.lint._conditions import Branching
+from trainkit.lint._grad_stats import gradient_statistics
 from trainkit.lint._inline import inline_loop_functions
 from trainkit.lint._input_grads import input_backwards_only, nodes_before
 from trainkit.lint._nodes import dotted, is_reciprocal, method_name, pos, receiver
@@ -70,8 +72,8 @@ class FileContext:
             for child in ast.iter_child_nodes(parent):
                 self.parents[child] = parent
         self._training: Dict[ast.AST, bool] = {}
-        # ids of the backwards of attack loops (an input's gradient): none of a training step's own
-        self.input_backwards: Set[int] = set()
+        # ids of the backwards that train nothing (an attack's, a Fisher estimate's): none of a step's
+        self.probe_backwards: Set[int] = set()
 
     @cached_property
     def assignments(self) -> Dict[str, List[ast.expr]]:
@@ -306,12 +308,14 @@ class FileContext:
             # a backward or step under `if model.training:` after `model.eval()` never runs there
             steps = any((self.is_step(n) and not guarded_off(self, loop, n)) or calls_step_function(self, n)
                         for n in calls)
-            backwards = [n for n in calls if self.is_backward(n) and not guarded_off(self, loop, n)]
-            if not steps and input_backwards_only(self, backwards, region, nodes_before(self, loop)):
-                # an attack or a saliency map: backwards for an input's gradient, and nothing steps. Inside
-                # a loop that steps (adversarial training) it is part of that loop's iteration (its
-                # `model.zero_grad()` wipes an accumulation's window), its backwards none of the step's
-                self.input_backwards.update(id(b) for b in backwards)
+            backwards = [n for n in calls if self.is_backward(n) and not guarded_off(self, loop, n)
+                         and id(n) not in self.probe_backwards]
+            if not steps and (input_backwards_only(self, backwards, region, nodes_before(self, loop))
+                              or (backwards and gradient_statistics(self, loop, region, backwards))):
+                # an attack or a saliency map (an input's gradient; inside a loop that steps, adversarial
+                # training, part of that loop's iteration: its `model.zero_grad()` wipes an accumulation's
+                # window), or a Fisher estimate: nothing steps, and its backwards are none of a step's
+                self.probe_backwards.update(id(b) for b in backwards)
             else:
                 self._training[loop] = steps or bool(backwards)
         return self._training[loop]
@@ -381,7 +385,7 @@ class TrainingLoop(Branching):
     @cached_property
     def backward_calls(self) -> List[ast.Call]:
         """The ``.backward(`` calls of the iteration."""
-        return [c for c in self.calls if self.ctx.is_backward(c) and id(c) not in self.ctx.input_backwards]
+        return [c for c in self.calls if self.ctx.is_backward(c) and id(c) not in self.ctx.probe_backwards]
 
     @cached_property
     def step_calls(self) -> List[ast.Call]:

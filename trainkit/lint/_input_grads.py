@@ -22,7 +22,7 @@ backward* when:
 An attack inside code that steps (adversarial training: Madry's PGD ``for _ in range(k):`` in the
 batch loop, or in a ``train_step()`` that steps after it) is no training loop either but part of
 that code's iteration, as it runs: its ``model.zero_grad()`` wipes an accumulating loop's window
-(TK103). Its backwards are kept in :attr:`FileContext.input_backwards`, so that no rule reads them
+(TK103). Its backwards are kept in :attr:`FileContext.probe_backwards`, so that no rule reads them
 as the training step's (its undivided attack loss is no accumulated micro-batch: no TK102).
 
 A name *requires gradients* when the code runs ``x.requires_grad_()`` (or ``(True)``), ``x.requires_grad
@@ -84,7 +84,7 @@ def marked_names(nodes: Iterable[ast.AST]) -> Set[str]:
     return {name for node in nodes for name in _marks(node)}
 
 
-def _plain(ctx: "FileContext", call: ast.Call) -> bool:
+def plain_backward(ctx: "FileContext", call: ast.Call) -> bool:
     """``t.backward(...)`` on a tensor: not ``scaler.scale(loss).backward()``, ``amp.backward(loss)``."""
     func = call.func
     if not isinstance(func, ast.Attribute):
@@ -125,7 +125,7 @@ def input_backwards_only(ctx: "FileContext", backwards: List[ast.Call], code: Li
         elif isinstance(node, ast.Call) and "clip_grad" in (method_name(node) or dotted(node.func) or ""):
             return False
     for call in backwards:
-        if not _plain(ctx, call):
+        if not plain_backward(ctx, call):
             return False
         given = _inputs(call)
         if given is not None:
