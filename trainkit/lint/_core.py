@@ -30,7 +30,7 @@ from trainkit.lint._grad_stats import gradient_statistics
 from trainkit.lint._inline import inline_loop_functions
 from trainkit.lint._input_grads import input_backwards_only, nodes_before
 from trainkit.lint._nodes import dotted, is_reciprocal, method_name, pos, receiver
-from trainkit.lint._switches import guarded_off, switches
+from trainkit.lint._switches import evaluation_epoch, guarded_off, switches
 
 LoopNode = Union[ast.For, ast.AsyncFor, ast.While]
 
@@ -316,8 +316,8 @@ class FileContext:
                 # training, part of that loop's iteration: its `model.zero_grad()` wipes an accumulation's
                 # window), or a Fisher estimate: nothing steps, and its backwards are none of a step's
                 self.probe_backwards.update(id(b) for b in backwards)
-            else:
-                self._training[loop] = steps or bool(backwards)
+            else:  # unless in a whole epoch that each call of the file runs as evaluation (`opt=None`)
+                self._training[loop] = (steps or bool(backwards)) and not evaluation_epoch(self, loop)
         return self._training[loop]
 
     @cached_property

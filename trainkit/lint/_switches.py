@@ -22,6 +22,9 @@ that the function leaves as it gets it (no statement of it may change the mode, 
 in eval mode: ``model.eval()`` before it, or ``torch.no_grad()`` around it. A loop's own backward
 and step under such a test are read the same way (:func:`guarded_off`).
 
+A whole epoch (``def epoch(loader, model, opt=None): for X, y in loader: ... if opt: ...``) whose
+every call in the file switches it off holds no training loop (:func:`evaluation_epoch`).
+
 The same reading tells which statements of a function a call never runs (:func:`never_runs`): the
 training loop's ``step(model, batch, opt)`` (``train=True`` by default) never runs ``if not train:
 return loss.item()``, so TK301 and TK302 do not read it through that call.
@@ -207,3 +210,43 @@ def never_runs(ctx: "FileContext", function: Function, call: ast.Call, node: ast
     fixed = _fixed(function, own_nodes(function))
     return any(name.split(".")[0] in fixed and (name in fixed or _mode_kept(ctx, function, name))
                and _contradicts(_value(ctx, function, call, name), need) for name, need in needs.items())
+
+
+def evaluation_epoch(ctx: "FileContext", loop: ast.AST) -> bool:
+    """Whether ``loop`` is in a whole epoch that the file only ever runs as evaluation: ``def
+    epoch(loader, model, opt=None): for X, y in loader: ... if opt: loss.backward(); opt.step()``
+    whose every call (``epoch(test_loader, model)``; one at least) switches its training off.
+
+    Read conservatively: the function is the one ``def`` of its name in the file, undecorated, at
+    module level or a method; its name is used nowhere but in such calls (``f(...)`` for a function,
+    ``self.f(...)`` for a method), so neither passed on (``fn=epoch``) nor rebound. Another module
+    importing it is not seen (the file is read alone).
+    """
+    function = next((p for p in ctx.ancestors(loop) if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                      ast.ClassDef, ast.Lambda))), None)
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or function.decorator_list:
+        return False
+    if not ctx.switches(function):
+        return False  # cheap first: most functions have no switch
+    owner = ctx.parents.get(function)
+    method = isinstance(owner, ast.ClassDef)
+    if not (method or isinstance(owner, ast.Module)):
+        return False
+    name = function.name
+    calls = 0
+    for node in ctx.nodes:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            if node is not function:
+                return False  # another def of that name: which one runs?
+        elif getattr(node, "id", None) == name or (isinstance(node, ast.Attribute) and node.attr == name):
+            call = ctx.parents.get(node)  # a Name (the only node with `.id`) or an attribute of that name
+            if (not isinstance(call, ast.Call) or call.func is not node
+                    or (method != isinstance(node, ast.Attribute))
+                    or (method and dotted(node.value) != "self")  # type: ignore[attr-defined]
+                    or not switched_off(ctx, call, [function])):
+                return False
+            calls += 1
+        elif isinstance(node, (ast.Import, ast.ImportFrom, ast.Global)) and any(
+                (getattr(a, "asname", None) or getattr(a, "name", a)) == name for a in node.names):
+            return False
+    return calls > 0
