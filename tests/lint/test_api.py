@@ -145,6 +145,18 @@ def test_docs_have_a_paragraph_per_rule() -> None:
         assert re.search(rf"^#+ {code}\b", docs, re.MULTILINE), f"docs/lint.md has no section for {code}"
 
 
+def test_docs_lines_fit_in_100_characters() -> None:
+    # outside code blocks and table rows, which Markdown cannot wrap
+    fenced = False
+    long = []
+    for number, line in enumerate((REPO_ROOT / "docs" / "lint.md").read_text(encoding="utf-8").splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and not line.lstrip().startswith("|") and len(line) > 100:
+            long.append(number)
+    assert long == [], f"docs/lint.md lines over 100 characters: {long}; rewrap them"
+
+
 def test_linter_never_imports_torch() -> None:
     # The linter must run where torch is absent: check its own imports statically.
     package = REPO_ROOT / "trainkit" / "lint"
