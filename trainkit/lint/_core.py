@@ -310,14 +310,14 @@ class FileContext:
                         for n in calls)
             backwards = [n for n in calls if self.is_backward(n) and not guarded_off(self, loop, n)
                          and id(n) not in self.probe_backwards]
-            if not steps and (input_backwards_only(self, backwards, region, nodes_before(self, loop))
-                              or (backwards and gradient_statistics(self, loop, region, backwards))):
+            if not steps and backwards and (input_backwards_only(self, backwards, region, nodes_before(self, loop))
+                                            or gradient_statistics(self, loop, region, backwards)):
                 # an attack or a saliency map (an input's gradient; inside a loop that steps, adversarial
                 # training, part of that loop's iteration: its `model.zero_grad()` wipes an accumulation's
                 # window), or a Fisher estimate: nothing steps, and its backwards are none of a step's
                 self.probe_backwards.update(id(b) for b in backwards)
             else:  # unless in a whole epoch that each call of the file runs as evaluation (`opt=None`)
-                self._training[loop] = (steps or bool(backwards)) and not evaluation_epoch(self, loop)
+                self._training[loop] = (steps or bool(backwards)) and not evaluation_epoch(self, loop, calls)
         return self._training[loop]
 
     @cached_property

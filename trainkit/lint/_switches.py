@@ -212,10 +212,12 @@ def never_runs(ctx: "FileContext", function: Function, call: ast.Call, node: ast
                and _contradicts(_value(ctx, function, call, name), need) for name, need in needs.items())
 
 
-def evaluation_epoch(ctx: "FileContext", loop: ast.AST) -> bool:
+def evaluation_epoch(ctx: "FileContext", loop: ast.AST, calls: List[ast.Call]) -> bool:
     """Whether ``loop`` is in a whole epoch that the file only ever runs as evaluation: ``def
     epoch(loader, model, opt=None): for X, y in loader: ... if opt: loss.backward(); opt.step()``
     whose every call (``epoch(test_loader, model)``; one at least) switches its training off.
+    ``calls`` are those of the loop's iteration: each backward and step among them must be under an
+    ``if`` (the switch), which most training loops are not, so their function is not read further.
 
     Read conservatively: the function is the one ``def`` of its name in the file, undecorated, at
     module level or a method; its name is used nowhere but in such calls (``f(...)`` for a function,
@@ -226,8 +228,11 @@ def evaluation_epoch(ctx: "FileContext", loop: ast.AST) -> bool:
                                                                       ast.ClassDef, ast.Lambda))), None)
     if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or function.decorator_list:
         return False
+    trains = [c for c in calls if ctx.is_backward(c) or ctx.is_step(c)]
+    if not trains or not all(any(isinstance(p, ast.If) for p in ctx.ancestors(c, stop=function)) for c in trains):
+        return False  # cheap first: a backward or a step that needs no `if` needs no switch
     if not ctx.switches(function):
-        return False  # cheap first: most functions have no switch
+        return False
     owner = ctx.parents.get(function)
     method = isinstance(owner, ast.ClassDef)
     if not (method or isinstance(owner, ast.Module)):
