@@ -70,6 +70,16 @@ def test_rounds_are_the_sums_of_the_groups_of_the_list(n):
         assert _rounds(np.array(values), n).tolist() == (groups or [0.0])
 
 
+def test_rounds_are_the_sums_of_the_groups_where_adding_left_to_right_loses_a_value():
+    """Before the fix the rounds were added left to right: from Python 3.12 on ``sum`` of a
+    group's list compensates, and gave 1.0 for ``[1e16, 1.0, -1e16]`` where the rounds gave 0.0
+    (and differed in the last bits of random groups: the loader findings changed with Python)."""
+    groups = [[1e16, 1.0, -1e16], [0.1, 0.2, 0.3], [1e308, 1e308, -1e308],
+              [float("inf"), 1.0, 2.0], [-0.0, -0.0, -0.0], [3.0, -1e100, 1e100]]
+    got = _rounds(np.array([v for g in groups for v in g]), 3).tolist()
+    assert got == [sum(g) for g in groups]
+
+
 def test_a_tags_series_is_its_values_dict_sorted_by_step():
     """Steps written again (a restart, two sessions merged tag by tag): the last value of a step
     wins, as in ``Run.values``; increasing steps are read in place."""

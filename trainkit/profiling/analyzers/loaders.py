@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..._loaderinfo import META_LOADER, PASSES
 from ...recorder import DATA_WAIT, H2D_MS, H2D_PINNED_PCT, PREFIX, UPDATE_MS
-from ..series import Series, fmean, median, total
+from ..series import Series, fmean, median, row_totals, total
 
 CPU_PERCENT = PREFIX + "system/cpu_percent"
 
@@ -247,17 +247,14 @@ def _one_indexing(batch: Any) -> str:
 
 def _rounds(values: Any, n: int) -> Any:
     """Sums of ``n`` values in a row (the last, shorter group left out when there are others),
-    each added left to right (as ``sum`` of the group's list did before Python 3.12, which
-    compensates), a numpy array."""
+    each ``sum`` of the group's list on this Python (the code this replaced, to the last bit),
+    a numpy array."""
     import numpy as np
 
     rows = len(values) // n
     if not rows:  # one group, shorter
         return np.array([total(values) if len(values) else 0.0])
-    sums = np.zeros(rows)
-    for i in range(n):  # the groups' i-th values, all groups at once
-        sums += values[i:rows * n:n]
-    return sums
+    return row_totals(np.reshape(values[:rows * n], (rows, n)))
 
 
 def _starts(loader: Loader) -> List[int]:
