@@ -55,18 +55,24 @@ def test_asking_again_with_the_same_options_returns_it_with_others_raises() -> N
 class Wrapping(torch.optim.Optimizer):
     """accelerate's ``AcceleratedOptimizer`` as trainkit._wrapped recognises it (a
     ``gradient_state``, the inner optimizer's own ``param_groups``), stepping the optimizer it
-    wraps at every ``every``-th call only, as under accelerate's gradient accumulation."""
+    wraps at every ``every``-th call only, as under accelerate's gradient accumulation.
+
+    Its calls are counted in a list, not an int attribute: torch 2.11's dynamo fails to compile
+    ``self.calls += 1`` in the step of an ``Optimizer`` subclass ("Attempted setattr on a
+    user-defined object that does not have an AttributeMutation mutation_type"; a plain
+    ``torch.compile`` alike; 2.14's compiles it): a test of trainkit, not of that dynamo."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, every: int) -> None:
-        self.optimizer, self.gradient_state, self.every, self.calls = optimizer, None, every, 0
+        self.optimizer, self.gradient_state, self.every, self.counted = optimizer, None, every, [0]
 
     param_groups = property(lambda self: self.optimizer.param_groups)
     state = property(lambda self: self.optimizer.state)
     defaults = property(lambda self: self.optimizer.defaults)
+    calls = property(lambda self: self.counted[0])
 
     def step(self, closure=None):
-        self.calls += 1
-        if self.calls % self.every == 0:
+        self.counted[0] += 1
+        if self.counted[0] % self.every == 0:
             self.optimizer.step(closure)
 
 
