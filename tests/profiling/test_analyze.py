@@ -16,6 +16,7 @@ from trainkit.profiling.cli import main, run as cli_run
 from trainkit.profiling.runs import load_run
 from trainkit.recorder import PREFIX
 from trainkit.sinks.tensorboard import EventFileWriter
+from trainkit.techniques import fused
 
 from .conftest import SleepyDataset, fixture_run, train
 
@@ -237,8 +238,11 @@ def test_optimizer_step_dominating_is_found(logdir):
     opt = lambda params: torch.optim.Adam(params, foreach=False)
     train(logdir, steps=8, model=BigCheap(), optimizer=opt)
     f = by_code(tk.analyze(logdir), "TA104")
-    assert f.share >= 0.3 and "compiled_step" in f.fix
-    assert "torch.optim.Adam(params, ..., fused=True)" in f.fix and "AdamW" not in f.fix
+    assert f.share >= 0.3 and "compiled_step" in f.fix and "AdamW" not in f.fix
+    if "cpu" in fused._supported_devices():
+        assert "torch.optim.Adam(params, ..., fused=True)" in f.fix
+    else:  # torch 2.3: no fused CPU kernels, so the multi-tensor form is what is advised
+        assert "torch.optim.Adam(params, ..., foreach=True)" in f.fix and "refuses" in f.fix
 
 
 def test_pageable_copies_are_found_from_the_records(logdir):

@@ -27,6 +27,7 @@ from trainkit.profiling.analyze import analyze_run
 from trainkit.profiling.cli import main
 from trainkit.sinks.tbplugin.data import TabData
 
+from tests.conftest import cpu_fused_or_skip
 from .conftest import SleepyDataset, dominated_run, event_files, next_second
 
 STEP_TIME = "trainkit/step_time_ms"
@@ -121,6 +122,7 @@ def test_a_relaunch_that_crashed_in_setup_leaves_the_runs_optimizers(tmp_path):
     optimizer as never stepped, and that replaced the run's, so TA104 advised fused=True."""
     import torch
 
+    cpu_fused_or_skip()
     logdir = str(tmp_path / "exp")
 
     def make(params):
