@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -137,7 +138,8 @@ def test_help_says_every_option_and_keeps_the_usage_line(monkeypatch, capsys, na
     assert exited.value.code == 0
     out = capsys.readouterr().out
     assert f"\n    python examples/{name} " in out  # a line of its own, as in the docstring
-    options = out.split("\noptions:\n", 1)[1]
+    # argparse's heading: "options:" from Python 3.10, "optional arguments:" before
+    options = re.split(r"\n(?:options|optional arguments):\n", out, maxsplit=1)[1]
     entries = [e for e in options.split("\n  -")[1:]]  # "-h, --help ...", "-logdir DIR ..."
     assert len(entries) >= 2
     for entry in entries:

@@ -1,8 +1,9 @@
 """Skipping a batch on out-of-memory inside ``tk.accumulate``, as the README says.
 
-The usual pattern, ``except torch.OutOfMemoryError: optimizer.zero_grad(); continue``, cannot
-drop a micro-batch whose backward ran out of memory halfway: inside a window ``zero_grad()`` is
-held, so the gradients that backward already added stay in the window's sum. An OOM in the
+The usual pattern, ``except torch.cuda.OutOfMemoryError: optimizer.zero_grad(); continue``
+(``torch.OutOfMemoryError``, the same class, is not in torch 2.3), cannot drop a micro-batch
+whose backward ran out of memory halfway: inside a window ``zero_grad()`` is held, so the
+gradients that backward already added stay in the window's sum. An OOM in the
 forward touched no gradient: skipping it there is right. One in the backward leaves the block,
 which drops the window in progress with its gradients; a new block goes on with the next batch.
 The OOM is raised here by a backward of the test's own (real torch, no GPU), after the last
@@ -28,7 +29,7 @@ class _Oom(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]
         if ctx.bad:
-            raise torch.OutOfMemoryError("CUDA out of memory (raised by the test)")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (raised by the test)")
         return g, None
 
 
@@ -67,7 +68,7 @@ def test_zero_grad_after_a_backward_oom_keeps_its_half_in_the_window(recwarn) ->
         for i, x in enumerate(XS):
             try:
                 _loss(model, x, i == BAD).backward()
-            except torch.OutOfMemoryError:
+            except torch.cuda.OutOfMemoryError:
                 opt.zero_grad()  # held: clears nothing
                 continue
             opt.step()
@@ -87,9 +88,9 @@ def test_a_forward_oom_is_skipped_inside_the_block() -> None:
         for i, x in enumerate(XS):
             try:
                 if i == BAD:
-                    raise torch.OutOfMemoryError("CUDA out of memory (raised by the test)")
+                    raise torch.cuda.OutOfMemoryError("CUDA out of memory (raised by the test)")
                 loss = _loss(model, x, False)
-            except torch.OutOfMemoryError:
+            except torch.cuda.OutOfMemoryError:
                 continue  # no gradient touched: the window goes on without it
             loss.backward()
             opt.step()
@@ -109,6 +110,6 @@ def test_a_backward_oom_leaves_the_block_which_drops_its_window() -> None:
                     opt.step()
                     opt.zero_grad()
             break
-        except torch.OutOfMemoryError:
+        except torch.cuda.OutOfMemoryError:
             continue  # the window in progress (batches 0..2) went with its gradients
     assert _same([p.detach() for p in model.parameters()], _oracle(skip=[0, 1, 2]))

@@ -40,6 +40,11 @@ def _eager_and_compiled(make: Callable[[Any], Any], dtype: Any, steps: int = 6) 
 
 def test_float64_sgd_momentum_with_two_param_groups_compiles_and_equals_eager() -> None:
     # Its first compiled step raised dynamo's SpeculationLogDivergence (a 0-d float64 lr tensor)
+    if getattr(torch._dynamo.config, "specialize_float", True):
+        # torch 2.3's dynamo guards on every float's value: each new momentum is a recompile,
+        # which trainkit says (its late-recompile warning); SGD's momentum stays a float
+        pytest.skip("this torch's dynamo specialises every float (no dynamic floats): "
+                    "a moving SGD momentum recompiles the compiled step")
     def make(m: Any) -> Any:
         return torch.optim.SGD([{"params": m[0].parameters()},
                                 {"params": m[2].parameters(), "lr": 0.02}],
@@ -108,8 +113,9 @@ def test_nesterov_switch_to_eager_where_warnings_are_errors_raises_before_the_st
                             assert "194976" in str(said)
                             raised += 1
                     after = now()
+                    assert len(before) == len(after)
                     assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
-                               for a, b in zip(before, after, strict=True))
+                               for a, b in zip(before, after))
                 else:
                     with pytest.warns(RuntimeWarning, match="194976.*runs eagerly"):
                         o.step()  # let through: the step runs, eagerly from here
@@ -119,5 +125,6 @@ def test_nesterov_switch_to_eager_where_warnings_are_errors_raises_before_the_st
             s.step()
     assert raised == 2
     assert all(type(g["lr"]) is float for g in opt.param_groups)
-    for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+    assert len(list(model.parameters())) == len(list(eager.parameters()))
+    for p, q in zip(model.parameters(), eager.parameters()):
         assert torch.equal(p, q)
