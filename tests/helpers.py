@@ -49,6 +49,18 @@ def fail_on_runtime_warnings() -> None:
     warnings.filterwarnings("ignore", "Guards may run slower on Python 3.13.0", RuntimeWarning)
 
 
+def step_function(opt):
+    """The function of a patched optimizer's ``step``: past the counter trainkit wraps it in
+    where torch's LR schedulers count ``optimizer._step_count`` through ``with_counter`` (torch
+    < 2.4; trainkit/_optcalls.py ``scheduler_marked``), the patch's own (``FastStep`` with
+    ``trainkit._speedups`` built)."""
+    f = getattr(opt.step, "__func__", opt.step)
+    code = getattr(f, "__code__", None)
+    if code is not None and code.co_name == "counted" and code.co_filename.endswith("_optcalls.py"):
+        return f.__wrapped__
+    return f
+
+
 def items_per_step(logdir, batches) -> dict:
     """``step -> items`` a patched loader counted over ``batches`` (each batch a step, no
     optimizer), read back from the run's samples/s and step time."""

@@ -75,7 +75,10 @@ def scheduler_marked(step: Any, orig_step: Any) -> Any:
 
     @functools.wraps(step)
     def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-        d = self.__dict__  # the optimizer's own (``self`` is a proxy of it)
+        try:
+            d = self.__dict__  # the optimizer's own (``self`` is a proxy of it)
+        except ReferenceError:  # freed: the step says so, with what to do (:func:`gone`)
+            return step(self, *args, **kwargs)
         if "_step_count" in d:  # set by a scheduler made after the patch
             d["_step_count"] += 1
         return step(self, *args, **kwargs)
