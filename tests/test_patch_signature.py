@@ -9,6 +9,7 @@ import torch
 
 import trainkit as tk
 from tests.helpers import loader, mlp
+from trainkit import _optcalls
 
 
 class _ScalerAwareSGD(torch.optim.SGD):
@@ -42,8 +43,15 @@ def test_step_signature_is_the_optimizers_own(monkeypatch, scheduler, use_c):
             torch.optim.lr_scheduler.StepLR(opt, step_size=1)
         return inspect.signature(opt.step)
 
-    assert "grad_scaler" in step_signature(False).parameters
-    assert step_signature(True) == step_signature(False)
+    want = step_signature(False)
+    assert "grad_scaler" in want.parameters
+    if scheduler == "after" and _optcalls._schedulers_count_steps():
+        # torch < 2.4's scheduler sets its with_counter wrapper, a plain function, on the
+        # instance: its signature names the optimizer's `self` too, a parameter no call passes
+        first, *rest = want.parameters.values()
+        assert first.name == "self"
+        want = want.replace(parameters=rest)
+    assert step_signature(True) == want
 
 
 def test_grad_scaler_passes_itself_to_a_patched_step_that_takes_it(tmp_path):
