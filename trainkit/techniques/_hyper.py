@@ -244,16 +244,24 @@ def last_lr_floats(schedulers: List[Any], lr_set: List[Dict[str, Any]]) -> None:
     groups whose lr the call set (``lr_set``, from :meth:`HyperTensors.restore`), as in
     ``param_groups`` by then: a scheduler keeps ``[group["lr"] for group in param_groups]``,
     which were the call's lr tensors, so ``get_last_lr()`` gave 0-d tensors (its state_dict, and
-    a checkpoint, too) where eager gives floats. A user's own tensor lr is left as it is."""
+    a checkpoint, too) where eager gives floats. A user's own tensor lr is left as it is.
+
+    Older torch's schedulers (2.3) set a new lr, not fill the group's: a 0-d tensor computed from
+    ours, in both the group and ``_last_lr``. That one object in both is the scheduler's value
+    (the group held a float before the call: ``lr_set`` holds only groups trainkit swapped), so
+    it is read back as a float there too (one sync on a GPU, at such a call only)."""
     import torch
 
     def set_here(v: Any, group: Dict[str, Any]) -> bool:
-        return isinstance(v, torch.Tensor) and isinstance(group.get("lr"), float) \
-            and any(group is g for g in lr_set)
+        return isinstance(v, torch.Tensor) and any(group is g for g in lr_set) \
+            and (isinstance(group.get("lr"), float) or group.get("lr") is v)
 
     for sched in schedulers:
         last, groups = sched._last_lr, sched.optimizer.param_groups
         if len(last) == len(groups) and any(set_here(v, g) for v, g in zip(last, groups)):
+            for v, g in zip(last, groups):
+                if set_here(v, g) and g["lr"] is v:
+                    g["lr"] = float(v.reshape(()).item())
             sched._last_lr = [g["lr"] if set_here(v, g) else v for v, g in zip(last, groups)]
 
 
