@@ -123,3 +123,36 @@ def test_a_call_that_raised_keeps_its_error_where_warnings_are_errors(recwarn):
     shown = [w for w in recwarn if "recompiled the optimizer step" in str(w.message)]
     assert len(shown) == 1 and "ValueError under way goes on" in str(shown[0].message)
     assert shown[0].filename == __file__  # shown at the user's call, as raised it would be
+
+
+def test_a_call_that_raised_leaves_no_reference_cycle():
+    # The call's exception, kept in the call's frame for the -W error case above, made a cycle
+    # with its own traceback: what the user's frames held (their tensors) lived on till a GC.
+    import gc
+    import weakref
+
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    class Held:
+        pass
+
+    @tk.compiled_step
+    def step(fail):
+        opt.step()
+        if fail:
+            raise ValueError(Held())
+
+    for _ in range(2):
+        model(torch.randn(2, 4)).sum().backward()
+        step(False)
+    gc.collect()
+    gc.disable()
+    try:
+        try:
+            step(True)
+        except ValueError as exc:
+            held = weakref.ref(exc.args[0])
+        assert held() is None  # freed with the exception, by its last reference going
+    finally:
+        gc.enable()

@@ -141,6 +141,7 @@ class _Compiled:
                     if raised is None:
                         raise
                     show_over(said, raised, sys._getframe(user_stacklevel(past_torch=True) - 1))
+            raised = None  # its traceback holds this frame: kept, a cycle kept it all till a GC
 
     def _go_eager(self) -> None:
         """Run the step eagerly from this call on, and say so. Said first: where the warning
