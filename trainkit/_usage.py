@@ -72,7 +72,6 @@ def _met_every_rank() -> "bool | None":
     if not ranked() or _env.get(_env.USE_AGENT_STORE) != "True":
         return None  # no launcher that ends the ranks left when one exits
     import datetime
-    import signal
     import threading
 
     try:
@@ -122,8 +121,6 @@ class Terminated(BaseException):
     takes it for an error of its own. ``signum`` is the signal, ``name`` its name."""
 
     def __init__(self, signum: int = 15) -> None:
-        import signal
-
         super().__init__(signum)
         self.signum = signum
         self.name = signal.Signals(signum).name
@@ -148,7 +145,6 @@ def sigterm_raises() -> Iterator[None]:
                 print(f"terminated ({stop.name}); the run is in runs/x", file=sys.stderr)
                 die_by(stop.signum)
     """
-    import signal
     import threading
 
     if os.name != "posix" or threading.current_thread() is not threading.main_thread():
@@ -181,7 +177,6 @@ def die_by(signum: int) -> None:
 
         die_by(signal.SIGINT)
     """
-    import signal
     import threading
 
     if os.name != "posix" or threading.current_thread() is not threading.main_thread():
