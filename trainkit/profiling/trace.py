@@ -286,7 +286,7 @@ class Tracer:
         if self._said is not None:
             self._said.append((message, UserWarning))
         else:
-            warnings.warn(message, UserWarning, stacklevel=user_stacklevel(past_torch=True))
+            _warn(message)
 
     def _close(self) -> None:
         prof = self._prof
