@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from . import _env
+from ._signals import set_in_c
 
 #: Seconds a rank waits for the others to meet the same usage error. Past it (a rank with an
 #: error of its own, such as its own GPU's memory), a quiet rank says its error itself.
@@ -133,8 +134,8 @@ def sigterm_raises() -> Iterator[None]:
     (:func:`die_by`): by default the signal ends the process at once, saying nothing. A session
     begun inside the block flushes first and then calls this handler (trainkit._signals: the
     handler before it).
-    Each only where it has its default action (one the caller set, or SIG_IGN: ``nohup``, is
-    theirs to keep), from the main thread of a POSIX process; elsewhere the block runs unchanged.
+    Each only where it has its default action (one the caller set, or SIG_IGN: ``nohup``, or
+    one set in C: ``faulthandler.register``, is theirs to keep), from the main thread of a POSIX process; elsewhere the block runs unchanged.
 
     Example::
 
@@ -150,8 +151,9 @@ def sigterm_raises() -> Iterator[None]:
     if os.name != "posix" or threading.current_thread() is not threading.main_thread():
         yield
         return
+    # A handler set in C (faulthandler.register) reads as the default: it is the caller's too
     sigs = [sig for sig in (signal.SIGTERM, signal.SIGHUP)
-            if signal.getsignal(sig) is signal.SIG_DFL]
+            if signal.getsignal(sig) is signal.SIG_DFL and not set_in_c(sig)]
 
     def terminated(signum: int, frame: Any) -> None:
         raise Terminated(signum)

@@ -3,7 +3,8 @@
 where a killed job was), is left alone by a session: ``signal.getsignal`` reports such a signal
 as having its default action, so the session set its own handler over it and at close gave back
 "the default": from then on SIGTERM killed the process with no stack dumped, for the rest of the
-process. There the session does not flush on that signal (the user's handler runs instead)."""
+process. There the session does not flush on that signal (the user's handler runs instead).
+The same for the block the demo command runs in (``_usage.sigterm_raises``)."""
 from __future__ import annotations
 
 import signal
@@ -40,6 +41,34 @@ def test_a_faulthandler_registered_signal_keeps_its_handler(tmp_path, sig):
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
     assert proc.stdout.split("\n") == ["alive inside", "alive after", ""], proc.stderr[-3000:]
     assert proc.stderr.count("Current thread") == 2, proc.stderr[-3000:]  # both dumped
+
+
+BLOCK = """
+import faulthandler, os, signal, sys, time
+from trainkit import _usage
+from trainkit._signals import set_in_c
+faulthandler.register(getattr(signal, sys.argv[1]))
+with _usage.sigterm_raises():
+    os.kill(os.getpid(), getattr(signal, sys.argv[1]))  # dumped, not raised as Terminated
+    time.sleep(0.5)
+    print("alive inside", flush=True)
+print("kept" if set_in_c(getattr(signal, sys.argv[1])) else "taken away", flush=True)
+os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+time.sleep(0.5)
+print("alive after", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_the_demo_commands_block_keeps_a_faulthandler_registered_signal(sig):
+    # sigterm_raises set its own handler over faulthandler's and gave back SIG_DFL at its end
+    proc = subprocess.run([sys.executable, "-c", BLOCK, sig], cwd=str(REPO), env=child_env(),
+                          capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
+    assert proc.stdout.split("\n") == ["alive inside", "kept", "alive after", ""], \
+        proc.stderr[-3000:]
+    assert proc.stderr.count("Current thread") == 2, proc.stderr[-3000:]
 
 
 def test_a_signal_with_no_handler_in_c_is_not_taken_for_one():
