@@ -411,7 +411,10 @@ def test_a_copy_of_a_patched_loader_is_the_patch_of_a_copy_of_its_source(tmp_pat
     def taken(make):  # next() on the original, then 3 on its copy, then 1 on the original
         it = make()
         first = next(it)
-        twin = copy.copy(it)
+        try:
+            twin = copy.copy(it)
+        except TypeError as exc:  # Python 3.14 copies no itertools object: raised as unpatched
+            return first, type(exc), next(it)
         return first, [next(twin) for _ in range(3)], next(it)
 
     for make in (lambda: iter([1, 2, 3, 4]), lambda: itertools.cycle([1, 2, 3])):
