@@ -108,6 +108,13 @@ def _hooks(name: str) -> Tuple[Callable[[argparse.ArgumentParser], None],
 
 
 def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
+    return _build(only)[0]
+
+
+def _build(only: Optional[str]
+           ) -> Tuple[argparse.ArgumentParser, Dict[str, argparse.ArgumentParser]]:
+    """The ``trainkit`` parser, and its subcommands' parsers by name (only the subcommand
+    ``only`` gets its options, so that its module alone is imported)."""
     parser = argparse.ArgumentParser(
         prog="trainkit",
         description="Make hand-written PyTorch training loops fast, and show what made them fast.")
@@ -115,11 +122,12 @@ def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"trainkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subs = {}
     for name, (_, help_text) in _SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        subs[name] = sub.add_parser(name, help=help_text, description=help_text)
         if only == name:  # `trainkit --help` imports no subcommand
-            _hooks(name)[0](p)
-    return parser
+            _hooks(name)[0](subs[name])
+    return parser, subs
 
 
 #: The commands whose Ctrl-C is said in one line from the start, their parser's imports included
@@ -144,10 +152,25 @@ def main(argv: Optional[List[str]] = None) -> int:
     return _main(argv, command)
 
 
+def _parse(parser: argparse.ArgumentParser, subs: Dict[str, argparse.ArgumentParser],
+           argv: List[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, but an argument the subcommand does not take is said by the
+    subcommand's parser: the top-level parser said it with its own usage, ``trainkit [-h]
+    [--version] COMMAND ...``, for ``trainkit analyze runs/a runs/b`` or ``trainkit demo
+    --steps 10``, which shows none of the options the command does take."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # one given before the command (`trainkit --bogus demo`) is the top-level parser's
+        before = argv[:argv.index(args.command)] if args.command in argv else argv
+        said_by = parser if not args.command or set(extra) & set(before) else subs[args.command]
+        said_by.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def _main(argv: List[str], command: Optional[str]) -> int:
     """:func:`main` once its Ctrl-C is handled: the parser built, the arguments read, the
     subcommand run."""
-    parser = build_parser(command if command in _SUBCOMMANDS else None)
+    parser, subs = _build(command if command in _SUBCOMMANDS else None)
     said = io.StringIO()  # on a quiet rank, what argparse says (its usage error, --help)
     quiet = contextlib.ExitStack()
     if _usage.quiet_rank():  # the first rank says it (argparse prints it)
@@ -155,7 +178,7 @@ def _main(argv: List[str], command: Optional[str]) -> int:
         quiet.enter_context(contextlib.redirect_stderr(said))
     try:
         with quiet:
-            args = parser.parse_args(argv)
+            args = _parse(parser, subs, argv)
     except SystemExit as exc:
         if exc.code == 2 and _usage.ranked():  # said once under torchrun, every rank exits 2
             return _usage.leave(said.getvalue())
