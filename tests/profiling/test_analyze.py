@@ -316,6 +316,21 @@ def test_analyze_on_a_file_says_it_is_a_file(tmp_path):
     assert "trainkit analyze runs/exp1" in str(e.value)
 
 
+@pytest.mark.parametrize("name", ["events.out.tfevents.1795573911.vm.28161.000001",
+                                  "vm_1.1795573417194829867.pt.trace.json"])
+def test_analyze_on_a_file_of_a_run_names_the_runs_folder(tmp_path, name):
+    """`trainkit analyze runs/my run/events.out...` (a shell completes to the file) said "pass the
+    logdir a session wrote, e.g. ... runs/exp1": not which folder that is."""
+    run = tmp_path / "my run"
+    run.mkdir()
+    (run / name).write_text("")
+    with pytest.raises(ValueError) as e:
+        tk.analyze(run / name)
+    said = str(e.value)
+    assert f"a file of the run in {str(run)!r}, not a folder" in said
+    assert said.endswith(f"e.g. tk.analyze({str(run)!r}) or trainkit analyze '{run}'")
+
+
 def test_gpu_syncs_and_pageable_copies_from_a_trace(tmp_path):
     found = tk.analyze(fixture_run(tmp_path, "gpu_syncs.pt.trace.json"))
     assert codes(found) == ["TA103", "TA102"]  # known share first

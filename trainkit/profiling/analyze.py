@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import time
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
@@ -28,8 +29,9 @@ from .analyzers import traces as trace_rules
 from .finding import Finding, sort_key
 from .eventfiles import Damage
 from .reader import EventReader
-from .logdir import NO_READ, find_runs, left_out
+from .logdir import EVENTS_MARK, NO_READ, find_runs, left_out
 from .runs import Run, load_run
+from .trace import is_trace
 from .tracefiles import WRITING_GRACE_S, TraceError, being_written, read_trace
 from .tracestats import TraceStats, summarize
 
@@ -290,6 +292,14 @@ def _check_logdir(logdir: Any) -> str:
     path = os.path.expanduser(os.fspath(logdir))
     if not os.path.isdir(path):
         what = "a file, not a folder" if os.path.exists(path) else "no such folder"
+        name = os.path.basename(path)
+        if what.startswith("a file") and (EVENTS_MARK in name or is_trace(name)):
+            # a run's own file (`trainkit analyze runs/exp1/events.out.tfevents...`, as a shell's
+            # completion gives it): its folder is the run, so the fix names that folder
+            run = os.path.dirname(path) or "."
+            raise ValueError(f"analyze({path!r}): a file of the run in {run!r}, not a folder; "
+                             f"pass the folder, e.g. tk.analyze({run!r}) or trainkit analyze "
+                             f"{shlex.quote(run)}")
         raise ValueError(f"analyze({path!r}): {what}; pass the logdir a session wrote, "
                          f"e.g. tk.analyze('runs/exp1') or trainkit analyze runs/exp1")
     return path
