@@ -76,13 +76,14 @@ def test_a_logdir_that_is_a_file_is_said_as_the_option_with_its_fix(tmp_path, ca
 
 @pytest.mark.parametrize("args, said", [
     (["--epochs", "0"], "--epochs 0: must be a positive int, e.g. --epochs 2"),
-    (["--train-size", "0"], "--train-size 0: must be a positive int, e.g. --train-size 2"),
+    (["--train-size", "0"], "--train-size 0: must be a positive int, e.g. --train-size 6400"),
+    (["--batch-size", "-1"], "--batch-size -1: must be a positive int, e.g. --batch-size 64"),
     (["--max-seconds", "-1"], "--max-seconds -1: must be > 0, e.g. --max-seconds 50"),
     (["--max-seconds", "-0.5"], "--max-seconds -0.5: must be > 0, e.g. --max-seconds 50"),
     (["--max-seconds", "nan"], "--max-seconds nan: must be > 0, e.g. --max-seconds 50")])
 def test_a_bad_option_is_said_as_given(tmp_path, capsys, args, said):
     # "trainkit demo: demo epochs=0: ..." said "demo" twice, and not the option's name; and
-    # "--max-seconds -1.0" for the -1 typed.
+    # "--max-seconds -1.0" for the -1 typed. The example is the default: it was "--batch-size 2".
     assert cli.main(["demo", "--logdir", str(tmp_path / "r"), *args]) == 2
     assert capsys.readouterr().err == f"trainkit demo: {said}\n"
 
