@@ -31,7 +31,12 @@ _active: Optional["Session"] = None
 
 
 def active() -> Optional["Session"]:
-    """The active session, or None."""
+    """The active session, or None (for a helper that logs without being handed the session).
+
+    Example::
+
+        tk.active().log("val/accuracy", accuracy)  # inside a tk.session block
+    """
     return _active
 
 
