@@ -50,11 +50,11 @@ class DemoConfig:
     max_seconds: float = 50.0
 
     def __post_init__(self) -> None:
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for name in ("epochs", "train_size", "val_size", "batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 # the example is the default: "--batch-size 2", any positive int, was a poor fix
+                defaults = {f.name: f.default for f in dataclasses.fields(self)}
                 fix = (f"DemoConfig(val_size={defaults[name]})" if name == "val_size" else
                        f"--{name.replace('_', '-')} {defaults[name]}")
                 raise ValueError(f"{_said(name, value)}: must be a positive int, e.g. {fix}")
