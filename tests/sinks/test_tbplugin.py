@@ -51,7 +51,7 @@ def test_a_real_tensorboard_lists_the_tab_and_serves_its_routes(logdir):
         rep = get_json(base + "/report?run=exp1")
         assert rep["steps"] >= 5
         assert set(rep["breakdown"]) == {"data_wait", "h2d", "forward", "backward", "optimizer",
-                                         "other", "step"}
+                                         "other", "step", "median_step"}
         assert rep["breakdown"]["forward"] > 0 and rep["breakdown"]["backward"] > 0
         assert rep["ablation"] == {"rows": [], "message": "no ablation recorded"}
         (trace,) = rep["traces"]

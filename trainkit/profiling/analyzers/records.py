@@ -341,7 +341,8 @@ def findings(st: Steps) -> List[Finding]:
 
 def breakdown(st: Steps) -> Dict[str, float]:
     """Mean ms per step of the run's timed steps: data wait, h2d, forward, backward, optimizer,
-    other, and the total."""
+    other, and the total; and the median step (``median_step``: what ``trainkit demo``'s
+    summary says, which a few slow steps, an evaluation's, do not pull up as they do the mean)."""
     if len(st) == 0:
         return {}
     parts = {"data_wait": DATA_WAIT, "h2d": H2D_MS, "forward": PREFIX + "region/forward_ms",
@@ -350,4 +351,5 @@ def breakdown(st: Steps) -> Dict[str, float]:
     step = st.total_ms / len(st)
     out["other"] = max(0.0, step - sum(out.values()))
     out["step"] = step
+    out["median_step"] = float(st.median_ms())
     return out

@@ -52,7 +52,9 @@ function breakdown(b) {
     if (pct > 0) bar.append(el('div', {title: `${label}: ${ms.toFixed(2)} ms`, style: {width: `${pct}%`, background: color}}));
     legend.append(el('span', {}, el('i', {style: {background: color}}), `${label} ${ms.toFixed(2)} ms (${pct.toFixed(0)}%)`));
   }
-  return el('div', {}, el('p', {class: 'muted'}, `mean step ${b.step.toFixed(2)} ms`), bar, legend);
+  // the median too: trainkit demo's summary says it, and a few slow steps (an evaluation's) pull up the mean
+  const median = b.median_step === undefined ? '' : `, median ${b.median_step.toFixed(2)} ms`;
+  return el('div', {}, el('p', {class: 'muted'}, `mean step ${b.step.toFixed(2)} ms${median}`), bar, legend);
 }
 
 // The breakdown is a mean over the timed steps less the first (warm-up) and those that compiled
