@@ -112,8 +112,10 @@ def test_bad_log_calls(tmp_path):
     with tk.session(logdir=tmp_path) as s:
         with pytest.raises(ValueError, match=r"shape \(2,\).*t.mean\(\)"):
             s.log("loss", torch.ones(2))
-        with pytest.raises(TypeError, match="name must be a non-empty str"):
-            s.log("", 1.0)
+        with pytest.raises(ValueError, match="name must be a non-empty str"):
+            s.log("", 1.0)  # the right type, a bad value (it was a TypeError)
+        with pytest.raises(TypeError, match=r"log\(name=3\): name must be a non-empty str"):
+            s.log(3, 1.0)
         with pytest.raises(TypeError, match="value must be a real number"):
             s.log("x", "high")
         with pytest.raises(ValueError, match=r"shape \(3,\).*a.mean\(\)"):

@@ -18,8 +18,9 @@ from .recorder import OWN_TAGS, PREFIX
 def check_log_name(name: Any) -> None:
     """Refuse a name that is no str, is empty, is one of trainkit's own tags, or cannot be
     written as UTF-8 (an event file's tags are: the writer would fail on it, mid-run)."""
-    if type(name) is not str or not name:
-        raise TypeError(f"log(name={name!r}): name must be a non-empty str, e.g. s.log('loss', loss)")
+    if type(name) is not str or not name:  # a wrong type is a TypeError, an empty str a ValueError
+        raise (ValueError if type(name) is str else TypeError)(
+            f"log(name={name!r}): name must be a non-empty str, e.g. s.log('loss', loss)")
     try:
         name.encode("utf-8")
     except UnicodeEncodeError as exc:  # a lone surrogate: os.fsdecode of a non-UTF-8 file name
