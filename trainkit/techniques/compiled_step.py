@@ -29,6 +29,7 @@ from ..session import active as _active_session  # the module name is rebound by
 from .._text import brief, show_over, user_stacklevel
 from .._optcalls import gone, rebind, unbind, uncounted
 from ..recorder import COMPILE_RECOMPILES, COMPILE_SECONDS
+from ._capturable import DYNAMO_SETS_CAPTURABLE, Held, put_back as put_back_capturable, turn_on
 from ._compiled_optimizer import compile_optimizer
 from ._dynamo_marks import QUIET, dynamo_marks, latest_guard_failure
 from ._hyper import HyperTensors, Saved, last_lr_floats
@@ -109,17 +110,22 @@ class _Compiled:
         t0 = time.perf_counter()
         expected = False
         held: List[Tuple[Any, Any]] = []  # Adam/AdamW at lr 0: what NaN the step leaves (_zero_lr)
+        capturable: Held = []  # torch < 2.4: the user's capturable, set for the call (_capturable)
         raised: Optional[BaseException] = None
         try:
             for opt in opts:
                 held.extend(held_at_zero_lr(opt))
                 hyper = self._hyper_for(opt)
+                if DYNAMO_SETS_CAPTURABLE:  # before swap_in: its tensor-or-float choice reads it
+                    turn_on(opt, capturable)
                 saved.extend(hyper.swap_in())
                 expected = expected or hyper.expect_compile
                 if hyper.needs_eager and not self.eager:
                     self._go_eager()  # raised (-W error): before the step, nothing changed
             if self.eager:  # with the Python values: as an uncompiled step, bit for bit
                 HyperTensors.restore(saved)
+                if capturable:
+                    put_back_capturable(capturable)
                 saved = []
             out = (self.fn if self.eager else self.compiled)(*args, **kwargs)
             put_back(held)
@@ -128,6 +134,8 @@ class _Compiled:
             raised = exc
             raise
         finally:
+            if capturable:  # (empty on torch >= 2.4: no call)
+                put_back_capturable(capturable)
             lr_set = HyperTensors.restore(saved)
             if lr_set:  # an LR scheduler stepped in the call: its _last_lr in floats too
                 last_lr_floats(referenced_schedulers(self.fn, args, kwargs, opts), lr_set)
