@@ -123,3 +123,32 @@ def test_a_group_without_capturable_is_left_without_it() -> None:
         _grads(opt, i)
         opt.step()
     assert "capturable" not in opt.param_groups[0]
+
+
+def test_only_groups_off_cuda_get_their_capturable_back() -> None:
+    """On torch < 2.4 a group's flag is set for each compiled call and put back after it; a group
+    on CUDA keeps what dynamo set (it works eagerly there, as newer torch leaves it), and a group
+    without the key stays without it. (Called directly: the same on every torch.)"""
+    from trainkit.techniques._capturable import put_back, turn_on
+
+    torch.manual_seed(0)
+    opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    held: List[Any] = []
+    turn_on(opt, held)
+    assert opt.param_groups[0]["capturable"] is True and len(held) == 1
+    put_back(held)
+    assert opt.param_groups[0]["capturable"] is False and not held
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    turn_on(sgd, held)
+    assert "capturable" not in sgd.param_groups[0] and not held
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_cuda_groups_capturable_is_left_to_dynamo() -> None:
+    from trainkit.techniques._capturable import turn_on
+
+    opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2, device="cuda"))], lr=0.1)
+    held: List[Any] = []
+    turn_on(opt, held)
+    assert opt.param_groups[0]["capturable"] is False and not held

@@ -38,10 +38,18 @@ Held = List[Tuple[Dict[str, Any], Any]]
 
 def turn_on(opt: Any, held: Held) -> None:
     """Set ``capturable=True`` in each of ``opt``'s groups that has the key (where dynamo sets
-    it: a group without it is left without it), noting the user's value in ``held``."""
+    it: a group without it is left without it), noting the user's value in ``held``.
+
+    A group on CUDA (its first parameter, for speed) is left to dynamo, as before: there the
+    flag works eagerly too, and newer torch leaves it set alike; turned off again, the step
+    tensors the compiled step made on the GPU would cost the eager step a sync per parameter.
+    """
     for group in opt.param_groups:
         value = group.get("capturable", True)
         if value is not True:
+            params = group["params"]
+            if params and params[0].is_cuda:
+                continue
             held.append((group, value))
             group["capturable"] = True
 
