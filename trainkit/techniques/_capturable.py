@@ -11,10 +11,11 @@ The compiled graph guards on the value: put back to ``False`` after a call, the 
 recompiled, every call. So, on such a torch, :func:`turn_on` sets it for the call and
 :func:`put_back` puts the user's value back after it: between calls ``param_groups`` (and so
 ``state_dict``, copies and ``tk.unpatch``) hold what the user set. Two dict writes per group and
-call, on torch < 2.4 only (decided at import: nothing at all on a newer torch).
+call, on torch < 2.4 only (decided when the compiled step is made: nothing on a newer torch).
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Dict, List, Tuple
 
@@ -22,15 +23,15 @@ from typing import Any, Dict, List, Tuple
 USER_CAPTURABLE_KEPT = (2, 4)
 
 
-def _sets_capturable() -> bool:
+@functools.lru_cache(maxsize=None)
+def dynamo_sets_capturable() -> bool:
+    """Whether this torch's dynamo sets ``capturable=True`` on every group it traces. Asked when
+    a compiled step is made (not at ``import trainkit``, which stays without torch)."""
     import torch
 
     m = re.match(r"(\d+)\.(\d+)", torch.__version__)
     return m is not None and (int(m[1]), int(m[2])) < USER_CAPTURABLE_KEPT
 
-
-#: Whether this torch's dynamo sets ``capturable=True`` on every group it traces.
-DYNAMO_SETS_CAPTURABLE = _sets_capturable()
 
 #: What :func:`turn_on` changed: a group and the ``capturable`` its user had set there.
 Held = List[Tuple[Dict[str, Any], Any]]

@@ -29,7 +29,7 @@ from ..session import active as _active_session  # the module name is rebound by
 from .._text import brief, show_over, user_stacklevel
 from .._optcalls import gone, rebind, unbind, uncounted
 from ..recorder import COMPILE_RECOMPILES, COMPILE_SECONDS
-from ._capturable import DYNAMO_SETS_CAPTURABLE, Held, put_back as put_back_capturable, turn_on
+from ._capturable import Held, dynamo_sets_capturable, put_back as put_back_capturable, turn_on
 from ._compiled_optimizer import compile_optimizer
 from ._dynamo_marks import QUIET, dynamo_marks, latest_guard_failure
 from ._hyper import HyperTensors, Saved, last_lr_floats
@@ -79,6 +79,8 @@ class _Compiled:
         self.mode, self.fullgraph = mode, fullgraph  # a second compiled_step(opt)'s check
         self.fn = fn  # run as it is where torch's compiled step would be wrong (_hyper)
         self.eager = False
+        #: torch < 2.4: capturable set for each call and put back after it (_capturable)
+        self.sets_capturable = dynamo_sets_capturable()
         self.optimizers = optimizers
         self.name = name
         self.calls = 0
@@ -116,7 +118,7 @@ class _Compiled:
             for opt in opts:
                 held.extend(held_at_zero_lr(opt))
                 hyper = self._hyper_for(opt)
-                if DYNAMO_SETS_CAPTURABLE:  # before swap_in: its tensor-or-float choice reads it
+                if self.sets_capturable:  # before swap_in: its tensor-or-float choice reads it
                     turn_on(opt, capturable)
                 saved.extend(hyper.swap_in())
                 expected = expected or hyper.expect_compile
