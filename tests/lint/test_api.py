@@ -18,7 +18,7 @@ FLUSHING_LOOP = textwrap.dedent(
     for x in loader:
         loss = model(x)
         loss.backward()
-        optimizer.step()
+        optimizer.step(); optimizer.zero_grad()
         gc.collect()
         print(loss.item())
     """

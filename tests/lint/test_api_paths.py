@@ -12,7 +12,7 @@ import pytest
 
 from trainkit.lint import iter_python_files, lint_file, lint_paths, lint_source
 
-SYNCING = "for x in loader:\n    loss = model(x)\n    loss.backward()\n    optimizer.step()\n    print(loss.item())\n"
+SYNCING = "for x in loader:\n    loss = model(x)\n    loss.backward()\n    optimizer.step(); optimizer.zero_grad()\n    print(loss.item())\n"
 
 
 class _PathLike:

@@ -14,7 +14,7 @@ def train(model, loader, optimizer):
     for x, y in loader:
         loss = model(x.cuda(), y.cuda())
         loss.backward()
-        optimizer.step()
+        optimizer.step(); optimizer.zero_grad()
         print("損失:", loss.item())
 """
 

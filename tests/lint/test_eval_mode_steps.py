@@ -113,7 +113,7 @@ def test_a_loop_under_no_grad_does_not_train_through_the_guard() -> None:
     assert _pairs(_swap(src, "torch.no_grad()", "torch.inference_mode()")) == []
     assert _pairs(_swap(src, "torch.no_grad()", "torch.enable_grad()")) == [("TK301", 13)]
     # gradients switched back on inside the function: the backward may run, kept a training loop
-    regrad = _swap(src, "        opt.zero_grad(); loss.backward()", "        with torch.enable_grad(): loss.backward()\n        opt.zero_grad()")
+    regrad = _swap(src, "        opt.zero_grad(); loss.backward()", "        opt.zero_grad()\n        with torch.enable_grad(): loss.backward()")
     assert _pairs(regrad) == [("TK301", 14)]
 
 

@@ -424,9 +424,9 @@ def test_the_flush_after_a_batch_loop_does_not_make_its_function_a_step_function
     def train_step(x, opt_d, opt_g, n_critic):
         for _ in range(n_critic):
             d_loss(x).backward()
-            opt_d.step()
+            opt_d.step(); opt_d.zero_grad()
         g_loss(x).backward()
-        opt_g.step()
+        opt_g.step(); opt_g.zero_grad()
 
     for x in loader:
         train_step(x, opt_d, opt_g, 5)

@@ -165,7 +165,7 @@ def test_update_once_after_the_whole_batch_loop_is_still_tk201() -> None:
     src = """
     for x, y in loader:
         scaler.scale(model(x, y)).backward()
-        scaler.step(optimizer)
+        scaler.step(optimizer); optimizer.zero_grad()
     scaler.update()
     """
     assert _pairs(src) == [("TK201", 4)]

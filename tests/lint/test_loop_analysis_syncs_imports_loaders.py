@@ -61,7 +61,7 @@ def test_host_sync_wording_in_a_script_that_never_mentions_cuda() -> None:
     for x, y in loader:
         loss = criterion(model(x), y)
         loss.backward()
-        optimizer.step()
+        optimizer.step(); optimizer.zero_grad()
         total += loss.item()
     """
     (finding,) = lint_source(textwrap.dedent(src))
@@ -82,7 +82,7 @@ def test_item_of_a_tensor_made_on_the_cpu_is_no_sync() -> None:
             action = policy(state)
         state, loss = env_step(action)
         loss.backward()
-        optimizer.step()
+        optimizer.step(); optimizer.zero_grad()
     """
     assert _pairs(src) == []
     assert _pairs(src.replace("torch.rand(1)", 'torch.rand(1, device="cuda")')) == [("TK302", 4)]
@@ -101,7 +101,7 @@ def test_float_of_the_loss_is_a_sync_as_item_is() -> None:
     for x, y in loader:
         loss = criterion(model(x), y)
         loss.backward()
-        optimizer.step()
+        optimizer.step(); optimizer.zero_grad()
         total_loss += float(loss)
         right = int(logits.argmax())
         fine = float(total_loss) + int(x.shape[0]) + float(lr)
@@ -120,7 +120,7 @@ def test_cpu_numpy_chain_is_one_sync() -> None:
     for x, y in loader:
         logits = model(x)
         criterion(logits, y).backward()
-        optimizer.step()
+        optimizer.step(); optimizer.zero_grad()
         preds = logits.argmax(1).cpu().numpy()
     """
     assert _pairs(src) == [("TK302", 6)]
@@ -133,7 +133,7 @@ def test_a_bare_numpy_is_no_sync_but_numpy_force_is() -> None:
     for x, y in loader:
         logits = model(x)
         criterion(logits, y).backward()
-        optimizer.step()
+        optimizer.step(); optimizer.zero_grad()
         labels = y.numpy()
         probs = logits.detach().numpy(force=True)
         same = logits.detach().numpy(force=False)
@@ -146,7 +146,7 @@ def test_ignore_comment_on_the_first_or_last_line_of_a_multi_line_call() -> None
     for batch in loader:
         loss = model(batch)
         loss.backward()
-        optimizer.step()
+        optimizer.step(); optimizer.zero_grad()
         print(  # trainkit: ignore[TK302]
             loss.item(),
         )

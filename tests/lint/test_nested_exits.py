@@ -203,7 +203,7 @@ def test_many_data_filter_exits_cost_linear_time() -> None:
     lines = ["def fit(batches, opt):", "    for a in batches:", "        out = a.sum()", "        out.backward()"]
     for i in range(2000):
         lines += [f"        if a{i} is None:", "            continue", f"        t{i} = out.item()"]
-    lines.append("        opt.step()")
+    lines.append("        opt.step(); opt.zero_grad()")
     start = time.perf_counter()
     found = lint_source("\n".join(lines) + "\n")
     assert len(found) == 2000

@@ -55,7 +55,7 @@ def test_nested_loops_report_once_at_the_inner_loop() -> None:
         for x in data:
             loss = model(x)
             loss.backward()
-            opt.step()
+            opt.step(); opt.zero_grad()
             gc.collect()
     """
     assert _pairs(src) == [("TK301", 8)]
@@ -67,7 +67,7 @@ def test_while_loop_is_a_training_loop() -> None:
     while True:
         loss = model(next(it))
         loss.backward()
-        optimizer.step()
+        optimizer.step(); optimizer.zero_grad()
         torch.cuda.empty_cache()
     """
     assert _pairs(src) == [("TK301", 7)]
@@ -153,7 +153,7 @@ def test_sync_under_no_grad_inside_training_loop_is_exempt() -> None:
     for step, (x, y) in enumerate(loader):
         loss = criterion(model(x), y)
         loss.backward()
-        optimizer.step()
+        optimizer.step(); optimizer.zero_grad()
         with torch.inference_mode():
             acc = (model(x).argmax(1) == y).float().mean().item()
         if debug:
@@ -187,7 +187,7 @@ def test_scaler_update_missing_and_plain_step_together() -> None:
     for x, y in loader:
         scaler.scale(criterion(model(x), y)).backward()
         scaler.step(optimizer)
-        optimizer.step()
+        optimizer.step(); optimizer.zero_grad()
     """
     assert _pairs(src) == [("TK201", 6), ("TK202", 7)]
 
@@ -198,7 +198,7 @@ def test_scaler_attribute_names_are_tracked() -> None:
         def fit(self, loader):
             for x, y in loader:
                 self.scaler.scale(self.loss_fn(self.model(x), y)).backward()
-                self.scaler.step(self.optimizer)
+                self.scaler.step(self.optimizer); self.optimizer.zero_grad()
     """
     assert _pairs(src) == [("TK201", 6)]
 

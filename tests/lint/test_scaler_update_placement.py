@@ -73,7 +73,7 @@ def test_steps_in_an_inner_loop_that_is_no_loop_over_optimizers() -> None:
         for x, y in loader:
             for _ in range(k):
                 scaler.scale(model(x, y)).backward()
-                scaler.step(optimizer)
+                scaler.step(optimizer); optimizer.zero_grad()
             scaler.update()
     """
     assert [(f.code, f.line) for f in _found(src)] == [("TK201", 8)]

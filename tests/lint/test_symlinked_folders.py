@@ -10,7 +10,7 @@ import pytest
 
 from trainkit.lint import iter_python_files, lint_paths
 
-SYNCING = "for x in loader:\n    loss = model(x)\n    loss.backward()\n    optimizer.step()\n    print(loss.item())\n"
+SYNCING = "for x in loader:\n    loss = model(x)\n    loss.backward()\n    optimizer.step(); optimizer.zero_grad()\n    print(loss.item())\n"
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "symlink") or os.name == "nt", reason="needs POSIX symlinks")
 

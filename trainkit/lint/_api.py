@@ -95,7 +95,7 @@ def lint_source(source: str, path: str = "<string>", *, select: Codes = None, ig
     Example::
 
         >>> src = ("for i, x in enumerate(data):\\n    loss = f(x)\\n    loss.backward()\\n"
-        ...        "    loss = loss / 4\\n    if i % 4 == 3:\\n        opt.step()\\n")
+        ...        "    loss = loss / 4\\n    if i % 4 == 3:\\n        opt.step(); opt.zero_grad()\\n")
         >>> [(f.code, f.line) for f in lint_source(src)]
         [('TK101', 4), ('TK112', 5)]
     """
