@@ -126,15 +126,15 @@ def test_lint_paths_reports_paths_as_given(tmp_path: Path) -> None:
 def test_registry_codes_severities_and_texts() -> None:
     assert sorted(RULES) == [
         "TK101", "TK102", "TK103", "TK104", "TK105", "TK106", "TK107", "TK108", "TK109", "TK110", "TK111", "TK112",
-        "TK201", "TK202", "TK301", "TK302", "TK401", "TK402", "TK501", "TK502",
+        "TK113", "TK114", "TK201", "TK202", "TK301", "TK302", "TK401", "TK402", "TK501", "TK502",
     ]
     for code, rule in RULES.items():
         assert re.fullmatch(r"TK\d{3}", code) and rule.code == code
         assert rule.severity in ("error", "warning", "advice")
         assert rule.summary and rule.name
     assert {c for c, r in RULES.items() if r.severity == "error"} == {"TK101", "TK102", "TK103", "TK104", "TK105", "TK106",
-                                                                          "TK107", "TK108", "TK109", "TK111", "TK201",
-                                                                          "TK202"}
+                                                                          "TK107", "TK108", "TK109", "TK111", "TK113",
+                                                                          "TK114", "TK201", "TK202"}
     assert {c for c, r in RULES.items() if r.severity == "advice"} == {"TK402", "TK501", "TK502"}
     assert {c for c, r in RULES.items() if r.severity == "warning"} == {"TK110", "TK112", "TK301", "TK302", "TK401"}
 

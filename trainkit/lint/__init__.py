@@ -14,7 +14,7 @@ from __future__ import annotations
 # Importing the rule modules registers their rules in RULES.
 from trainkit.lint import (  # noqa: F401
     accumulate_blocks, accumulation, amp, dataloader, deprecated, last_window, leftover_window, memory, scheduler,
-    scheduler_pace, sync,
+    scheduler_pace, sync, zero_grad,
 )
 from trainkit.lint._api import iter_python_files, lint_file, lint_paths, lint_source, parse_codes
 from trainkit.lint._registry import RULES, Finding, LintError, Rule, Severity
