@@ -160,11 +160,23 @@ def show_over(said: Warning, exc: BaseException, frame: Any) -> None:
         except Warning as said:
             show_over(said, exc, sys._getframe(1))
     """
+    show_instead(said, frame, f"the {type(exc).__name__} under way goes on")
+
+
+def show_instead(said: Warning, frame: Any, why: str) -> None:
+    """Show ``said``, a warning the filters made an error, at the user's ``frame`` instead of
+    raising it, saying ``why`` (what raising it would have broken), through
+    :func:`warnings.showwarning` (which pytest records).
+
+    Example::
+
+        except Warning as said:
+            show_instead(said, sys._getframe(1), "the step it reports on was taken")
+    """
     import warnings
 
     warnings.showwarning(f"{said} (shown, not raised: the warning filters make it an error, "
-                         f"and the {type(exc).__name__} under way goes on)",
-                         type(said), frame.f_code.co_filename, frame.f_lineno)
+                         f"and {why})", type(said), frame.f_code.co_filename, frame.f_lineno)
 
 
 def close_over(close: Any, exc: BaseException, frame: Any) -> None:

@@ -125,6 +125,38 @@ def test_a_call_that_raised_keeps_its_error_where_warnings_are_errors(recwarn):
     assert shown[0].filename == __file__  # shown at the user's call, as raised it would be
 
 
+@pytest.mark.parametrize("form", ["patch", "decorator"])
+def test_a_late_recompile_where_warnings_are_errors_is_shown_and_its_step_counted(tmp_path, recwarn,
+                                                                                  form):
+    # python -W error: the warning, known only once the call had updated the parameters, was
+    # raised then: the step taken, the call failed, and the session did not count that step
+    import warnings
+
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.0)
+    with tk.session(logdir=tmp_path, system_metrics=False) as s:
+        tk.patch(opt, compile=form == "patch")
+        step = opt.step if form == "patch" else tk.compiled_step(lambda: opt.step())
+        for i in range(5):
+            model(torch.randn(2, 4)).sum().backward()
+            if i == 3:
+                opt.param_groups[0]["weight_decay"] = 0.5  # a recompile after warm-up
+            before = model.weight.detach().clone()
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                step()  # the line the warning names
+            assert not torch.equal(model.weight, before)
+            opt.zero_grad()
+        assert s.step == 6  # five steps counted (the step in progress is the sixth)
+    shown = [w for w in recwarn if "recompiled the optimizer step" in str(w.message)]
+    assert len(shown) == 1, [str(w.message) for w in recwarn]
+    assert "shown, not raised" in str(shown[0].message)
+    assert "the step it reports on was taken" in str(shown[0].message)
+    assert shown[0].filename == __file__
+    assert "step()  # the line the warning names" in open(__file__).read().splitlines()[
+        shown[0].lineno - 1]
+
+
 def test_a_call_that_raised_leaves_no_reference_cycle():
     # The call's exception, kept in the call's frame for the -W error case above, made a cycle
     # with its own traceback: what the user's frames held (their tensors) lived on till a GC.

@@ -26,7 +26,7 @@ import weakref
 from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, overload
 
 from ..session import active as _active_session  # the module name is rebound by __init__
-from .._text import brief, show_over, user_stacklevel
+from .._text import brief, show_instead, show_over, user_stacklevel
 from .._optcalls import gone, rebind, unbind, uncounted
 from ..recorder import COMPILE_RECOMPILES, COMPILE_SECONDS
 from ._capturable import Held, dynamo_sets_capturable, put_back as put_back_capturable, turn_on
@@ -147,10 +147,12 @@ class _Compiled:
                 try:
                     self._compiled(time.perf_counter() - t0, fails1 > fails0, fails0,
                                    expected=expected)
-                except Warning as said:  # -W error: raised, it took the place of the call's own
-                    if raised is None:
-                        raise
-                    show_over(said, raised, sys._getframe(user_stacklevel(past_torch=True) - 1))
+                except Warning as said:  # -W error: said after the call's update was taken
+                    if raised is not None:  # raised, it took the place of the call's own error
+                        show_over(said, raised, sys._getframe(user_stacklevel(past_torch=True) - 1))
+                    else:  # raised, the call failed with its update taken, its step uncounted
+                        show_instead(said, sys._getframe(user_stacklevel(past_torch=True) - 1),
+                                     "the step it reports on was taken")
             raised = None  # its traceback holds this frame: kept, a cycle kept it all till a GC
 
     def _go_eager(self) -> None:
