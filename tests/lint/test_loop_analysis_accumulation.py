@@ -100,6 +100,11 @@ def test_zero_grad_before_a_step_with_no_backward_in_between_still_accumulates()
     """
     # and the zero_grad between the backwards and the step wipes the window it steps (TK113)
     assert _pairs(src) == [("TK102", 4), ("TK113", 6)]
+    # TK102 said "the update is `4` times too large", false while the step finds no gradient
+    (tk102,) = [f for f in lint_source(textwrap.dedent(src)) if f.code == "TK102"]
+    assert "too large" not in tk102.message.split("once that is fixed")[0]
+    assert "`optimizer.zero_grad()` on line 6 wipes the window before the step (TK113)" in tk102.message
+    assert "fix both together" in tk102.fix
 
 
 def test_optimizers_named_optd_and_optg_are_recognised() -> None:

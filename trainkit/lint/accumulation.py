@@ -72,6 +72,17 @@ def check_unnormalised_accumulation(ctx: FileContext) -> Iterator[Hit]:
             # today and dividing alone would make it too small: the two fixes go together.
             wipe = next(iter(_wiping_zero_grads(ctx, acc)), None)
             if wipe is None:
+                late = _wiped_before_step(ctx, acc)
+                if late is not None:  # TK113's: the step finds no gradient, too large is false today
+                    yield Hit(
+                        call,
+                        f"{head}: for now `{ast.unparse(late)}` on line {late.lineno} wipes the window "
+                        f"before the step (TK113), so the step finds no gradient; once that is fixed, the "
+                        f"update is `{every}` times too large",
+                        f"fix both together: `{shown} = {shown} / {every}` before backward and "
+                        f"`{ast.unparse(late)}` after the step; {_TK_ACCUMULATE}",
+                    )
+                    continue
                 yield Hit(call, f"{head}: the update is `{every}` times too large",
                           f"`{shown} = {shown} / {every}` before backward; {_TK_ACCUMULATE}")
                 continue
@@ -114,6 +125,15 @@ def _divides_gradients(region: list) -> bool:
                     attr == "div_" or (attr == "mul_" and _reciprocal(node.args[0]))):
                 return True
     return False
+
+
+def _wiped_before_step(ctx: FileContext, acc: Accumulation) -> Optional[ast.AST]:
+    """The zeroing TK113 reports in ``acc``'s loop (between the window's last backward and its
+    step, under the step's ``if``), or None."""
+    from trainkit.lint.zero_grad import check_zero_grad_before_step
+
+    inside = {id(n) for n in acc.loop.region}
+    return next((h.node for h in check_zero_grad_before_step(ctx) if id(h.node) in inside), None)
 
 
 def _wiping_zero_grads(ctx: FileContext, acc: Accumulation) -> Iterator[ast.AST]:
