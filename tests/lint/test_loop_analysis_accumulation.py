@@ -105,6 +105,8 @@ def test_zero_grad_before_a_step_with_no_backward_in_between_still_accumulates()
     assert "too large" not in tk102.message.split("once that is fixed")[0]
     assert "`optimizer.zero_grad()` on line 6 wipes the window before the step (TK113)" in tk102.message
     assert "fix both together" in tk102.fix
+    (tk113,) = [f for f in lint_source(textwrap.dedent(src)) if f.code == "TK113"]
+    assert "every window's gradients are thrown away" in tk113.message  # not "every batch's"
 
 
 def test_optimizers_named_optd_and_optg_are_recognised() -> None:

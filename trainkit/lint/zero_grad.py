@@ -163,13 +163,16 @@ def check_zero_grad_before_step(ctx: FileContext) -> Iterator[Hit]:
                     continue
                 seen.add(key)
                 shown = ast.unparse(zero).splitlines()[0]
+                # under an accumulation's `if`, what is lost is each window's summed gradients
+                lost = ("every window's gradients are" if it.modulo_guard(step) is not None
+                        else "every batch's backward is")
                 moved = f"`{shown}`" if isinstance(zero, ast.Call) else f"`{shown}` (with its `for` loop)"
                 yield Hit(
                     zero,
                     f"`{shown}` runs after the backward on line {last.lineno} and before `{ast.unparse(step)}` "
                     f"on line {step.lineno}: it wipes the gradients that backward just made, so the step finds "
                     "none (with `set_to_none=True`, the default, no parameter moves; with zeros, only momentum "
-                    "and weight decay do) and every batch's backward is thrown away",
+                    f"and weight decay do) and {lost} thrown away",
                     f"move {moved} after `{ast.unparse(step)}` (or to the top of the iteration, before the "
                     "forward pass)",
                 )
