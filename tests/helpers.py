@@ -61,6 +61,23 @@ def step_function(opt):
     return f
 
 
+def compiled(opt, form: str):
+    """A compiled step of ``opt``, in one of trainkit's two forms: ``"patch"``
+    (``tk.patch(opt, compile=True)``, its ``opt.step``) or ``"decorator"`` (a
+    ``@tk.compiled_step`` function calling ``opt.step()``)."""
+    import trainkit as tk
+
+    if form == "patch":
+        tk.patch(opt, compile=True)
+        return opt.step
+
+    @tk.compiled_step
+    def step() -> None:
+        opt.step()
+
+    return step
+
+
 def items_per_step(logdir, batches) -> dict:
     """``step -> items`` a patched loader counted over ``batches`` (each batch a step, no
     optimizer), read back from the run's samples/s and step time."""

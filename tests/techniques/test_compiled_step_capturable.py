@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import copy
 import pickle
-from typing import Any, Callable, List
+from typing import Any, List
 
 import pytest
 import torch
 
 import trainkit as tk
+from tests.helpers import compiled
 from tests.techniques._dynamo import fresh_dynamo  # noqa: F401 - a fresh dynamo per test
 
 STEPS = 4
@@ -46,18 +47,6 @@ def _assert_same(a: Any, b: Any) -> None:
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)  # compiled vs eager: float32 sums
 
 
-def _compiled(opt: Any, form: str) -> Callable[[], Any]:
-    if form == "patch":
-        tk.patch(opt, compile=True)
-        return opt.step
-
-    @tk.compiled_step
-    def step() -> None:
-        opt.step()
-
-    return step
-
-
 def _compiled_object(opt: Any, step: Any) -> Any:
     from trainkit.patch import optimizer_patch
 
@@ -69,7 +58,7 @@ def _compiled_object(opt: Any, step: Any) -> Any:
 def test_capturable_stays_the_users_and_every_eager_step_after_a_compiled_one_works(
         form: str, tmp_path: Any) -> None:
     plain, opt = _pair()
-    step = _compiled(opt, form)
+    step = compiled(opt, form)
     for i in range(STEPS):
         _grads(plain, i)
         plain.step()

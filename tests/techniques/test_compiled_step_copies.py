@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import trainkit as tk
+from tests.helpers import compiled
 from tests.techniques._dynamo import fresh_dynamo  # noqa: F401 - a fresh dynamo per test
 from tests.techniques.test_fused_copies import DictStateAdam
 
@@ -41,18 +42,6 @@ def _params(opt: Any) -> List[torch.Tensor]:
     return [p.detach().clone() for g in opt.param_groups for p in g["params"]]
 
 
-def _compiled(opt: Any, form: str) -> Callable[[], Any]:
-    if form == "patch":
-        tk.patch(opt, compile=True)
-        return opt.step
-
-    @tk.compiled_step
-    def step() -> None:
-        opt.step()
-
-    return step
-
-
 def _assert_like(dup: Any, want: Any) -> None:
     assert sorted(dup.__dict__) == sorted(want.__dict__)  # no flag, patch or getstate of ours
     for name in HOOKS:
@@ -65,7 +54,7 @@ def _assert_like(dup: Any, want: Any) -> None:
 @pytest.mark.parametrize("cls", [torch.optim.Adam, DictStateAdam], ids=lambda c: c.__name__)
 def test_a_copy_of_a_compiled_optimizer_is_the_unpatched_ones_copy(cls: type, form: str) -> None:
     plain, opt = _opt(cls), _opt(cls)
-    step = _compiled(opt, form)
+    step = compiled(opt, form)
     _step(plain, plain.step, 0)
     _step(opt, step, 0)
     assert "_trainkit_keeps_state" in opt.__dict__  # the keeper is at work
@@ -89,7 +78,7 @@ def test_copies_stay_clean_while_the_patch_and_a_compiled_step_come_and_go() -> 
     hooks out; the keeper released, no ``__getstate__`` of ours is left."""
     plain, opt = _opt(DictStateAdam), _opt(DictStateAdam)
     tk.patch(opt)
-    step = _compiled(opt, "decorator")
+    step = compiled(opt, "decorator")
     _step(plain, plain.step, 0)
     _step(opt, step, 0)
     tk.unpatch(opt)
