@@ -135,7 +135,8 @@ def sigterm_raises() -> Iterator[None]:
     begun inside the block flushes first and then calls this handler (trainkit._signals: the
     handler before it).
     Each only where it has its default action (one the caller set, or SIG_IGN: ``nohup``, or
-    one set in C: ``faulthandler.register``, is theirs to keep), from the main thread of a POSIX process; elsewhere the block runs unchanged.
+    one set in C: ``faulthandler.register``, is theirs to keep), from the main thread of a POSIX
+    process; elsewhere the block runs unchanged.
 
     Example::
 
