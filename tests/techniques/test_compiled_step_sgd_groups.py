@@ -124,6 +124,9 @@ def test_nesterov_switch_to_eager_where_warnings_are_errors_raises_before_the_st
             o.zero_grad()
             s.step()
     assert raised == 2
+    # the two calls refused before their step are no calls: the warm-up count and "at call N"
+    # count the steps that ran (the six of this loop)
+    assert opt.__dict__["_trainkit_patch"].core.trainkit_compiled.calls == 6
     assert all(type(g["lr"]) is float for g in opt.param_groups)
     assert len(list(model.parameters())) == len(list(eager.parameters()))
     for p, q in zip(model.parameters(), eager.parameters()):

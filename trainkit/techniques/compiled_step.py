@@ -114,6 +114,7 @@ class _Compiled:
         held: List[Tuple[Any, Any]] = []  # Adam/AdamW at lr 0: what NaN the step leaves (_zero_lr)
         capturable: Held = []  # torch < 2.4: the user's capturable, set for the call (_capturable)
         raised: Optional[BaseException] = None
+        ran = False  # the step was called: a call refused before it (-W error) is no call
         try:
             for opt in opts:
                 held.extend(held_at_zero_lr(opt))
@@ -129,6 +130,7 @@ class _Compiled:
                 if capturable:
                     put_back_capturable(capturable)
                 saved = []
+            ran = True
             out = (self.fn if self.eager else self.compiled)(*args, **kwargs)
             put_back(held)
             return out
@@ -141,7 +143,7 @@ class _Compiled:
             lr_set = HyperTensors.restore(saved)
             if lr_set:  # an LR scheduler stepped in the call: its _last_lr in floats too
                 last_lr_floats(referenced_schedulers(self.fn, args, kwargs, opts), lr_set)
-            self.calls += 1
+            self.calls += ran
             frames1, fails1 = dynamo_marks()
             if frames1 != frames0:  # this call compiled: its time is compile time, not step time
                 try:
