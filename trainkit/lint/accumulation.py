@@ -130,10 +130,10 @@ def _divides_gradients(region: list) -> bool:
 def _wiped_before_step(ctx: FileContext, acc: Accumulation) -> Optional[ast.AST]:
     """The zeroing TK113 reports in ``acc``'s loop (between the window's last backward and its
     step, under the step's ``if``), or None."""
-    from trainkit.lint.zero_grad import check_zero_grad_before_step
+    from trainkit.lint.zero_grad import wasted_zeroings
 
     inside = {id(n) for n in acc.loop.region}
-    return next((h.node for h in check_zero_grad_before_step(ctx) if id(h.node) in inside), None)
+    return next((h.node for h in wasted_zeroings(ctx) if id(h.node) in inside), None)
 
 
 def _wiping_zero_grads(ctx: FileContext, acc: Accumulation) -> Iterator[ast.AST]:

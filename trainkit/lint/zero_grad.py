@@ -143,6 +143,18 @@ def check_zero_grad_before_step(ctx: FileContext) -> Iterator[Hit]:
     bad batch away), one followed by ``continue``, a step given a closure (L-BFGS), and one on every
     micro-batch of an accumulation (TK103).
     """
+    yield from wasted_zeroings(ctx)
+
+
+def wasted_zeroings(ctx: FileContext) -> List[Hit]:
+    """TK113's hits in the file, found once: TK102 reads them too (its wording beside TK113)."""
+    cached = ctx.__dict__.get("_wasted_zeroings")
+    if cached is None:
+        cached = ctx.__dict__["_wasted_zeroings"] = list(_wasted_zeroings(ctx))
+    return cached
+
+
+def _wasted_zeroings(ctx: FileContext) -> Iterator[Hit]:
     seen: Set[Tuple[int, int]] = set()
     for it in _iterations(ctx):
         backwards: List[ast.AST] = list(it.backward_calls) + _inner_backwards(ctx, it)
