@@ -16,8 +16,9 @@ call, on torch < 2.4 only (decided when the compiled step is made: nothing on a 
 from __future__ import annotations
 
 import functools
-import re
 from typing import Any, Dict, List, Tuple
+
+from ._torch_version import torch_before
 
 #: The first torch whose dynamo leaves a CPU group's ``capturable`` as the user set it.
 USER_CAPTURABLE_KEPT = (2, 4)
@@ -27,10 +28,7 @@ USER_CAPTURABLE_KEPT = (2, 4)
 def dynamo_sets_capturable() -> bool:
     """Whether this torch's dynamo sets ``capturable=True`` on every group it traces. Asked when
     a compiled step is made (not at ``import trainkit``, which stays without torch)."""
-    import torch
-
-    m = re.match(r"(\d+)\.(\d+)", torch.__version__)
-    return m is not None and (int(m[1]), int(m[2])) < USER_CAPTURABLE_KEPT
+    return torch_before(USER_CAPTURABLE_KEPT)
 
 
 #: What :func:`turn_on` changed: a group and the ``capturable`` its user had set there.

@@ -9,6 +9,8 @@ from __future__ import annotations
 import weakref
 from typing import Any, Dict, List, Tuple
 
+from ._torch_version import torch_before
+
 
 def _takes_tensor(opt: Any, group: Dict[str, Any], key: str) -> bool:
     """Whether this group's step accepts ``key`` as a tensor (read from torch/optim's sources)."""
@@ -69,13 +71,9 @@ TENSOR_BETAS_ON_CPU = (2, 5)
 def _check_tensor_betas(opt: Any, device: Any,
                         saved: List["Saved"]) -> None:
     """Refuse, clearly and with the group's values restored, what this torch would fail on."""
-    import re
-
     import torch
 
-    m = re.match(r"(\d+)\.(\d+)", torch.__version__)
-    if torch.device(device).type != "cpu" or m is None \
-            or (int(m[1]), int(m[2])) >= TENSOR_BETAS_ON_CPU:
+    if torch.device(device).type != "cpu" or not torch_before(TENSOR_BETAS_ON_CPU):
         return
     HyperTensors.restore(saved)
     need = ".".join(map(str, TENSOR_BETAS_ON_CPU))
